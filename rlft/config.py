@@ -1,0 +1,434 @@
+"""Config schemas (dataclasses) and loading with clear, one-line errors.
+
+The YAML files under ``conf/`` are merged onto these schemas, so a key missing from YAML
+takes the default below and a key missing here is a typo. Loading goes through Hydra's
+compose API so that group choices (``algo=dapo``), overrides and ``hydra.run.dir`` behave
+as Hydra users expect, while every failure becomes a :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+GROUPS = ("algo", "model", "sampler", "reward", "data", "logger")
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; the CLI prints it on one line and exits 2."""
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    """Preset name, for display."""
+    adv_estimator: str = "grpo"
+    """Advantage estimator registered in rlft.algorithms.advantages."""
+    norm_adv_by_std: bool = True
+    """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
+    adv_eps: float = 1e-6
+    """Added to the group std before dividing."""
+    policy_loss: str = "clip"
+    """Policy loss registered in rlft.algorithms.losses."""
+    clip_eps_low: float = 0.2
+    """Ratio clipped below at 1 - clip_eps_low."""
+    clip_eps_high: float = 0.2
+    """Ratio clipped above at 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    kl_estimator: str = "k3"
+    """Estimator of KL(pi_theta || pi_ref) per token: k1, k2 or k3."""
+    beta: float = 0.04
+    """Weight of the KL-to-reference term in the loss; 0 skips the reference pass."""
+    loss_agg: str = "seq-mean-token-mean"
+    """How per-token losses become one scalar (see rlft.algorithms.aggregation)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    num_mini_batches: int = 1
+    """Optimizer steps per epoch; the rollout batch is split into this many mini-batches."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = True
+    """Train a LoRA adapter (False: full fine-tuning)."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: float = 32.0
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that get an adapter."""
+
+
+@dataclass
+class TinyModelConfig:
+    hidden_size: int = 64
+    """Hidden width (head_dim = hidden_size / num_heads must be >= 32 for vLLM on CPU)."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 2
+    """Attention heads."""
+    num_kv_heads: int = 1
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = 128
+    """MLP width."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2_135m"
+    """Preset name, for display."""
+    source: str = "smollm2_gguf"
+    """Where the weights come from: smollm2_gguf, path or tiny."""
+    path: Optional[str] = None
+    """Local Hugging Face model directory (source=path)."""
+    dtype: str = "bf16"
+    """Compute dtype: bf16 (autocast, frozen weights in bf16) or fp32."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Adapter settings."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of the random model (source=tiny)."""
+
+
+@dataclass
+class SamplerConfig:
+    name: str = "hf"
+    """Rollout backend: hf (transformers generate)."""
+    n: int = 8
+    """Completions per prompt (the GRPO group size G)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed on logits / temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0: off)."""
+    top_k: int = 0
+    """Top-k sampling (0: off)."""
+    max_new_tokens: int = 32
+    """Completion length cap; longer completions are truncated."""
+
+
+@dataclass
+class RewardConfig:
+    fns: list[str] = field(default_factory=lambda: ["math_correct"])
+    """Built-in reward names or dotted paths 'pkg.module:function'."""
+    weights: list[float] = field(default_factory=lambda: [1.0])
+    """One weight per function; the reward is the weighted sum."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "arithmetic"
+    """Task: arithmetic (generated) or jsonl (a local file)."""
+    digits: int = 2
+    """Arithmetic: digits per operand."""
+    ops: list[str] = field(default_factory=lambda: ["+"])
+    """Arithmetic: operators to draw from (+, -, *)."""
+    template: str = "What is {a} {op} {b}? Reply with just the number."
+    """Prompt text; arithmetic fills {a} {op} {b}, jsonl fills {prompt}."""
+    num_eval: int = 200
+    """Held-out problems used for evaluation."""
+    path: Optional[str] = None
+    """jsonl: training file."""
+    eval_path: Optional[str] = None
+    """jsonl: held-out file (default: the last num_eval rows of path)."""
+    prompt_field: str = "prompt"
+    """jsonl: field holding the question."""
+    answer_field: str = "answer"
+    """jsonl: field holding the reference answer."""
+    system_prompt: Optional[str] = None
+    """System message for the chat template (None: the model's default)."""
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    """Log to Weights & Biases."""
+    project: str = "rlft"
+    """wandb project."""
+    mode: str = "offline"
+    """online or offline (offline needs no network)."""
+    entity: Optional[str] = None
+    """wandb entity (team)."""
+
+
+@dataclass
+class LoggerConfig:
+    console: bool = True
+    """Progress bar and one line per step on the console."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases settings."""
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 40
+    """Rollout/update iterations."""
+    num_prompts: int = 4
+    """Prompts per rollout batch (each sampled sampler.n times)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    eval_every: int = 10
+    """Evaluate on the held-out split every N steps (0: only at the end)."""
+    eval_at_start: bool = True
+    """Evaluate before the first update, as the baseline."""
+    save_every: int = 0
+    """Write a checkpoint every N steps (0: only the final one)."""
+    threads: int = 0
+    """torch intra-op threads (0: torch's default)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
+    warmup_steps: int = 3
+    """Linear warm-up, in optimizer steps."""
+    schedule: str = "constant"
+    """After warm-up: constant, linear (to 0) or cosine (to 0)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0: off)."""
+
+
+@dataclass
+class Config:
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+    """Seeds data order, sampling and initialisation."""
+
+
+# ---------------------------------------------------------------------------------------
+# Locating conf/
+
+
+def conf_dir() -> Path:
+    """The config directory: top-level conf/ in a checkout, rlft/conf in an installed wheel."""
+    env = os.environ.get("RLFT_CONF_DIR")
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parent.parent / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("rlft.conf")))
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the YAML files in a config group, sorted."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+# ---------------------------------------------------------------------------------------
+# Override checks: done before Hydra so that messages name the key and the valid choices.
+
+
+def _schema_fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _check_key(key: str) -> None:
+    cls: Any = Config
+    walked: list[str] = []
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"unknown config key '{key}': '{'.'.join(walked)}' has no sub-keys")
+        fields = _schema_fields(cls)
+        if part not in fields:
+            where = f"'{'.'.join(walked)}'" if walked else "the top level"
+            raise ConfigError(
+                f"unknown config key '{key}': no '{part}' in {where}; valid keys: {', '.join(fields)}"
+            )
+        walked.append(part)
+        cls = _field_type(cls, part)
+
+
+def _field_type(cls: type, name: str) -> Any:
+    import typing
+
+    return typing.get_type_hints(cls)[name]
+
+
+def _check_group_choice(group: str, value: Any) -> None:
+    choices = group_options(group)
+    values = value.list if hasattr(value, "list") else [value]
+    for v in values:
+        if str(v) not in choices:
+            raise ConfigError(f"unknown {group} '{v}'; valid choices: {', '.join(choices)}")
+
+
+def check_overrides(overrides: list[str]) -> list[Any]:
+    """Parse shell overrides and reject unknown keys/groups with one clear line.
+
+    Returns:
+        Hydra ``Override`` objects, in order.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as e:
+        raise ConfigError(f"cannot parse override: {str(e).splitlines()[0]}") from None
+    for ov in parsed:
+        key = ov.key_or_group
+        if key == "hydra" or key.startswith("hydra."):
+            continue
+        if key in GROUPS:
+            _check_group_choice(key, ov.value())
+        else:
+            _check_key(key)
+    return parsed
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+
+
+def _register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="rlft_schema", node=Config)
+
+
+def compose(overrides: list[str]) -> tuple[Config, Any, str]:
+    """Build the run config from conf/ and shell overrides.
+
+    Args:
+        overrides: Hydra-style overrides, e.g. ``["algo=grpo", "trainer.steps=3"]``
+            (no sweeps: expand those first).
+
+    Returns:
+        ``(cfg, resolved, run_dir)``: the typed config, the same as an OmegaConf node
+        (for saving), and the resolved ``hydra.run.dir``.
+
+    Raises:
+        ConfigError: on any unknown key, bad choice, wrong type or failed cross-field check.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_overrides(overrides)
+    _register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            raw = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        run_dir = str(raw.hydra.run.dir)
+        with _open_struct(raw):
+            del raw["hydra"]
+        missing = sorted(OmegaConf.missing_keys(raw))
+        if missing:
+            raise ConfigError(f"missing value for '{missing[0]}': set it on the command line, e.g. {missing[0]}=...")
+        cfg = OmegaConf.to_object(raw)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_one_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    validate(cfg)
+    return cfg, raw, run_dir
+
+
+class _open_struct:
+    def __init__(self, node: Any):
+        self.node = node
+
+    def __enter__(self) -> None:
+        from omegaconf import OmegaConf
+
+        OmegaConf.set_struct(self.node, False)
+
+    def __exit__(self, *exc: Any) -> None:
+        from omegaconf import OmegaConf
+
+        OmegaConf.set_struct(self.node, True)
+
+
+def _one_line(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    if getattr(e, "full_key", None) is None and cause is not None and getattr(cause, "full_key", None):
+        e = cause  # Hydra wraps OmegaConf's error, which knows the key
+    full_key = getattr(e, "full_key", None)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if full_key:
+        return f"invalid value for '{full_key}': {first}"
+    return first
+
+
+# ---------------------------------------------------------------------------------------
+# Cross-field checks
+
+
+def validate(cfg: Config) -> None:
+    """Checks that span several fields, each with a message saying what to change."""
+    from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
+    a, s, t = cfg.algo, cfg.sampler, cfg.trainer
+    ADV_ESTIMATORS.check(a.adv_estimator, "algo.adv_estimator")
+    POLICY_LOSSES.check(a.policy_loss, "algo.policy_loss")
+    KL_ESTIMATORS.check(a.kl_estimator, "algo.kl_estimator")
+    LOSS_AGGREGATIONS.check(a.loss_agg, "algo.loss_agg")
+    if a.adv_estimator == "grpo" and s.n < 2:
+        raise ConfigError(f"sampler.n={s.n}: group-relative advantages need at least 2 completions per prompt")
+    batch = t.num_prompts * s.n
+    if a.num_mini_batches < 1 or batch % a.num_mini_batches:
+        raise ConfigError(
+            f"algo.num_mini_batches={a.num_mini_batches} must divide the rollout batch "
+            f"trainer.num_prompts * sampler.n = {batch}"
+        )
+    for name, value in [
+        ("trainer.steps", t.steps),
+        ("trainer.num_prompts", t.num_prompts),
+        ("trainer.micro_batch_size", t.micro_batch_size),
+        ("algo.ppo_epochs", a.ppo_epochs),
+        ("sampler.max_new_tokens", s.max_new_tokens),
+    ]:
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be at least 1")
+    if s.temperature <= 0:
+        raise ConfigError(f"sampler.temperature={s.temperature} must be > 0 (log-probs divide by it)")
+    if not 0 < s.top_p <= 1:
+        raise ConfigError(f"sampler.top_p={s.top_p} must be in (0, 1]")
+    if a.clip_eps_low < 0 or a.clip_eps_high < 0 or a.clip_eps_low >= 1:
+        raise ConfigError("algo.clip_eps_low must be in [0, 1) and algo.clip_eps_high >= 0")
+    if a.beta < 0:
+        raise ConfigError(f"algo.beta={a.beta} must be >= 0")
+    if len(cfg.reward.fns) == 0:
+        raise ConfigError("reward.fns is empty: name at least one reward function")
+    if len(cfg.reward.weights) != len(cfg.reward.fns):
+        raise ConfigError(
+            f"reward.weights has {len(cfg.reward.weights)} entries but reward.fns has "
+            f"{len(cfg.reward.fns)}: give one weight per function"
+        )
+    if cfg.model.dtype not in ("bf16", "fp32"):
+        raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: bf16, fp32")
+    if cfg.model.source not in ("smollm2_gguf", "path", "tiny"):
+        raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
+    if cfg.model.source == "path" and not cfg.model.path:
+        raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
+    if cfg.data.name not in ("arithmetic", "jsonl"):
+        raise ConfigError(f"data.name='{cfg.data.name}'; valid choices: arithmetic, jsonl")
+    if cfg.data.name == "jsonl" and not cfg.data.path:
+        raise ConfigError("data=jsonl needs data.path=FILE")
+    if cfg.optim.schedule not in ("constant", "linear", "cosine"):
+        raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
+    if cfg.sampler.name not in ("hf",):
+        raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: hf")

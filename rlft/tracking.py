@@ -1,0 +1,78 @@
+"""Run outputs: metrics.jsonl, the run log, the console (rich) and wandb."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+# Shown on the per-step console line, in this order, when present.
+_CONSOLE_KEYS = [
+    ("reward/mean", "reward", "{:.3f}"),
+    ("eval/accuracy", "acc", "{:.3f}"),
+    ("loss", "loss", "{:.4f}"),
+    ("kl", "kl", "{:.4f}"),
+    ("time/step_s", "step", "{:.1f}s"),
+    ("throughput/tokens_per_s", "tok/s", "{:.0f}"),
+]
+
+
+class Tracker:
+    """Writes each step's metrics everywhere they go."""
+
+    def __init__(self, run_dir: Path, cfg: Any, total_steps: int, console: bool, resolved: Optional[dict] = None):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.log = logging.getLogger("rlft")
+        self.log.setLevel(logging.INFO)
+        self._file_handler = logging.FileHandler(run_dir / "train.log")
+        self._file_handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        self.log.addHandler(self._file_handler)
+        self.console = Console(stderr=False, quiet=not console)
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self.task = self.progress.add_task("train", total=total_steps)
+        self.progress.start()
+        self.wandb = None
+        if cfg.logger.wandb.enabled:
+            import wandb
+
+            w = cfg.logger.wandb
+            self.wandb = wandb.init(
+                project=w.project, entity=w.entity, mode=w.mode, dir=str(run_dir), config=resolved or {},
+            )
+
+    def info(self, message: str) -> None:
+        self.log.info(message)
+        self.progress.console.print(message, highlight=False)
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+        parts = [f"step {step:>4}"] + [
+            f"{label} {fmt.format(metrics[k])}" for k, label, fmt in _CONSOLE_KEYS if k in metrics
+        ]
+        self.info("  ".join(parts))
+        self.progress.update(self.task, completed=step)
+
+    def close(self) -> None:
+        self.progress.stop()
+        if self.wandb is not None:
+            self.wandb.finish()
+        self.log.removeHandler(self._file_handler)
+        self._file_handler.close()
+
+
+def _jsonable(v: Any) -> Any:
+    v = float(v)
+    return v if math.isfinite(v) else str(v)

@@ -1,0 +1,82 @@
+"""Config composition, overrides and the one-line errors of the CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlft.config import Config, ConfigError, compose, conf_dir, group_options
+from tests.conftest import ROOT, run_cli
+
+
+def test_defaults_compose_into_typed_config(compose_cfg):
+    cfg = compose_cfg()
+    assert isinstance(cfg, Config)
+    assert cfg.algo.name == "grpo" and cfg.algo.adv_estimator == "grpo"
+    assert cfg.model.name == "smollm2_135m" and cfg.model.lora.enabled
+    assert cfg.sampler.name == "hf" and cfg.data.name == "arithmetic"
+
+
+def test_overrides_reach_every_level(compose_cfg):
+    cfg = compose_cfg("model=tiny", "algo.beta=0.1", "model.lora.r=4", "optim.lr=1e-3", "seed=7")
+    assert (cfg.model.name, cfg.algo.beta, cfg.model.lora.r, cfg.optim.lr, cfg.seed) == ("tiny", 0.1, 4, 1e-3, 7)
+
+
+def test_run_dir_override():
+    _, _, run_dir = compose(["hydra.run.dir=/tmp/somewhere"])
+    assert run_dir == "/tmp/somewhere"
+    _, _, default = compose([])
+    assert default.startswith("outputs/")
+
+
+def test_conf_found_in_checkout():
+    assert conf_dir() == ROOT / "conf"
+    assert "grpo" in group_options("algo") and "tiny" in group_options("model")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("algo=grpoo", "unknown algo 'grpoo'; valid choices: grpo"),
+        ("algo.bta=1", "unknown config key 'algo.bta': no 'bta' in 'algo'; valid keys: name, adv_estimator"),
+        ("trainr.steps=1", "unknown config key 'trainr.steps': no 'trainr' in the top level; valid keys: algo"),
+        ("trainer.steps=abc", "invalid value for 'trainer.steps'"),
+        ("model.lora=3", "invalid value for 'model.lora'"),
+        ("algo.loss_agg=tokenmean", "algo.loss_agg='tokenmean' is not a known loss aggregation; valid choices"),
+        ("reward.weights=[1,2]", "reward.weights has 2 entries but reward.fns has 1"),
+        ("algo.num_mini_batches=3", "must divide the rollout batch"),
+        ("sampler.n=1", "sampler.n=1: group-relative advantages need at least 2"),
+        ("data=jsonl", "data=jsonl needs data.path=FILE"),
+    ],
+)
+def test_bad_config_raises_one_clear_line(override, expected):
+    with pytest.raises(ConfigError) as err:
+        compose([override])
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_config_error_exits_2_without_traceback(tmp_path):
+    proc = run_cli(["train", "algo=grpoo"], cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == ["rlft: error: unknown algo 'grpoo'; valid choices: grpo"]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_cli_type_error_exits_2(tmp_path):
+    proc = run_cli(["train", "trainer.steps=abc"], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("rlft: error: invalid value for 'trainer.steps'")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_help_lists_groups(tmp_path):
+    proc = run_cli(["train", "--help"], cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "algo      grpo" in proc.stdout and "tiny" in proc.stdout
+
+
+def test_cli_cfg_prints_resolved_config(tmp_path):
+    proc = run_cli(["train", "model=tiny", "trainer.steps=3", "--cfg"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "steps: 3" in proc.stdout and "source: tiny" in proc.stdout
