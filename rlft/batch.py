@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -34,16 +33,16 @@ class RolloutBatch:
     response_mask: Tensor
     group_ids: Tensor
     scores: Tensor
-    old_logp: Optional[Tensor] = None
-    ref_logp: Optional[Tensor] = None
-    advantages: Optional[Tensor] = None
-    returns: Optional[Tensor] = None
+    old_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, rows: Tensor) -> "RolloutBatch":
+    def select(self, rows: Tensor) -> RolloutBatch:
         """The given rows, with padding columns that no selected row uses trimmed off."""
         picked = {
             f.name: (v[rows] if isinstance(v := getattr(self, f.name), Tensor) else v) for f in fields(self)

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 USAGE = """rlft train [KEY=VALUE ...]
 
@@ -75,7 +74,7 @@ def cmd_train(overrides: list[str], show_cfg: bool) -> int:
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # user reward functions in the working directory import by name
         sys.path.insert(0, os.getcwd())
     args = _parser().parse_args(argv)

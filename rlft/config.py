@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 GROUPS = ("algo", "model", "sampler", "reward", "data", "logger")
 
@@ -85,7 +85,7 @@ class ModelConfig:
     """Preset name, for display."""
     source: str = "smollm2_gguf"
     """Where the weights come from: smollm2_gguf, path or tiny."""
-    path: Optional[str] = None
+    path: str | None = None
     """Local Hugging Face model directory (source=path)."""
     dtype: str = "bf16"
     """Compute dtype: bf16 (autocast, frozen weights in bf16) or fp32."""
@@ -131,15 +131,15 @@ class DataConfig:
     """Prompt text; arithmetic fills {a} {op} {b}, jsonl fills {prompt}."""
     num_eval: int = 200
     """Held-out problems used for evaluation."""
-    path: Optional[str] = None
+    path: str | None = None
     """jsonl: training file."""
-    eval_path: Optional[str] = None
+    eval_path: str | None = None
     """jsonl: held-out file (default: the last num_eval rows of path)."""
     prompt_field: str = "prompt"
     """jsonl: field holding the question."""
     answer_field: str = "answer"
     """jsonl: field holding the reference answer."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """System message for the chat template (None: the model's default)."""
 
 
@@ -151,7 +151,7 @@ class WandbConfig:
     """wandb project."""
     mode: str = "offline"
     """online or offline (offline needs no network)."""
-    entity: Optional[str] = None
+    entity: str | None = None
     """wandb entity (team)."""
 
 
@@ -165,7 +165,7 @@ class LoggerConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 40
+    steps: int = 30
     """Rollout/update iterations."""
     num_prompts: int = 4
     """Prompts per rollout batch (each sampled sampler.n times)."""
@@ -220,12 +220,11 @@ def conf_dir() -> Path:
     env = os.environ.get("RLFT_CONF_DIR")
     if env:
         return Path(env)
-    checkout = Path(__file__).resolve().parent.parent / "conf"
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / "conf"
     if (checkout / "config.yaml").is_file():
         return checkout
-    from importlib.resources import files
-
-    return Path(str(files("rlft.conf")))
+    return package / "conf"  # where the wheel puts it
 
 
 def group_options(group: str) -> list[str]:

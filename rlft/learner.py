@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -102,7 +102,7 @@ def _micro_loss(
 def update_policy(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
-    scheduler: Optional[Any],
+    scheduler: Any | None,
     batch: RolloutBatch,
     cfg: Any,
     generator: torch.Generator,

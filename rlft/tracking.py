@@ -6,7 +6,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -25,7 +25,7 @@ _CONSOLE_KEYS = [
 class Tracker:
     """Writes each step's metrics everywhere they go."""
 
-    def __init__(self, run_dir: Path, cfg: Any, total_steps: int, console: bool, resolved: Optional[dict] = None):
+    def __init__(self, run_dir: Path, cfg: Any, total_steps: int, console: bool, resolved: dict | None = None):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.log = logging.getLogger("rlft")

@@ -7,7 +7,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,11 +101,20 @@ def prepare_batch(policy: Policy, batch: RolloutBatch, cfg: Any) -> dict[str, fl
     }
 
 
-def train(cfg: Any, run_dir: Path, resolved_yaml: Optional[str] = None) -> dict[str, float]:
-    """Run a full training job; returns the last step's metrics (with the last eval)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if resolved_yaml is not None:
-        (run_dir / "config.yaml").write_text(resolved_yaml)
+@dataclass
+class Components:
+    """Everything a training step needs, built once per run."""
+
+    task: Any
+    policy: Policy
+    sampler: Sampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    shuffle: torch.Generator
+
+
+def build_components(cfg: Any) -> Components:
+    """Seed, then build the task, policy, sampler and optimizer named by ``cfg``."""
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
     _quiet_libraries()
@@ -114,29 +123,37 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: Optional[str] = None) -> dict[
     for name in cfg.reward.fns:  # fail on a bad reward name before loading the model
         resolve_reward(name)
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=cfg.algo.beta > 0)
-    tok = policy.tokenizer
-    sampler = build_sampler(cfg.sampler, sampler_model, tok, cfg.seed)
+    sampler = build_sampler(cfg.sampler, sampler_model, policy.tokenizer, cfg.seed)
     total_updates = cfg.trainer.steps * cfg.algo.ppo_epochs * cfg.algo.num_mini_batches
     optimizer, scheduler = build_optimizer(policy, cfg, total_updates)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
+    return Components(task, policy, sampler, optimizer, scheduler, torch.Generator().manual_seed(cfg.seed))
+
+
+def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str, float]:
+    """Run a full training job; returns the last step's metrics (with the last eval)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resolved_yaml is not None:
+        (run_dir / "config.yaml").write_text(resolved_yaml)
+    c = build_components(cfg)
+    tok, policy = c.policy.tokenizer, c.policy
     tracker = Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, _as_dict(resolved_yaml))
     tracker.info(
         f"run dir {run_dir} | algo {cfg.algo.name} | model {cfg.model.name} "
-        f"({'LoRA r=%d' % cfg.model.lora.r if policy.lora else 'full'}) | "
-        f"{cfg.trainer.num_prompts} prompts x {cfg.sampler.n} samples | {len(task.eval_problems)} eval problems"
+        f"({f'LoRA r={cfg.model.lora.r}' if policy.lora else 'full'}) | "
+        f"{cfg.trainer.num_prompts} prompts x {cfg.sampler.n} samples | {len(c.task.eval_problems)} eval problems"
     )
     last: dict[str, float] = {}
     step = 0
     try:
         if cfg.trainer.eval_at_start:
-            last = evaluate(sampler, tok, task.eval_problems, cfg)
+            last = evaluate(c.sampler, tok, c.task.eval_problems, cfg)
             tracker.log_step(0, last)
         for step in range(1, cfg.trainer.steps + 1):
-            last = train_step(step, policy, sampler, optimizer, scheduler, task, cfg, shuffle)
+            last = train_step(step, c, cfg)
             every = cfg.trainer.eval_every
             if step == cfg.trainer.steps or (every > 0 and step % every == 0):
                 t0 = time.perf_counter()
-                last.update(evaluate(sampler, tok, task.eval_problems, cfg))
+                last.update(evaluate(c.sampler, tok, c.task.eval_problems, cfg))
                 last["time/eval_s"] = time.perf_counter() - t0
             tracker.log_step(step, last)
             if cfg.trainer.save_every > 0 and step % cfg.trainer.save_every == 0 and step < cfg.trainer.steps:
@@ -153,19 +170,17 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: Optional[str] = None) -> dict[
     return last
 
 
-def train_step(
-    step: int, policy: Policy, sampler: Sampler, optimizer: Any, scheduler: Any, task: Any, cfg: Any,
-    shuffle: torch.Generator,
-) -> dict[str, float]:
-    """One iteration; returns its metrics."""
+def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
+    """One iteration (``step`` counts from 1); returns its metrics."""
     t_start = time.perf_counter()
+    policy, sampler = c.policy, c.sampler
     policy.model.eval()
-    rollout = collect_rollout(sampler, policy.tokenizer, task.batch(step - 1, cfg.trainer.num_prompts), cfg)
+    rollout = collect_rollout(sampler, policy.tokenizer, c.task.batch(step - 1, cfg.trainer.num_prompts), cfg)
     metrics = dict(rollout.metrics)
     metrics.update(prepare_batch(policy, rollout.batch, cfg))
     policy.model.train()
     t0 = time.perf_counter()
-    metrics.update(update_policy(policy, optimizer, scheduler, rollout.batch, cfg, shuffle))
+    metrics.update(update_policy(policy, c.optimizer, c.scheduler, rollout.batch, cfg, c.shuffle))
     t1 = time.perf_counter()
     sampler.load_weights(policy.sampler_weights())
     t2 = time.perf_counter()
@@ -183,7 +198,7 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
-def _as_dict(resolved_yaml: Optional[str]) -> dict:
+def _as_dict(resolved_yaml: str | None) -> dict:
     if not resolved_yaml:
         return {}
     import yaml

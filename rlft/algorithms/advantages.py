@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,8 +28,8 @@ class AdvantageInputs:
     scores: Tensor
     mask: Tensor
     group_ids: Tensor
-    token_rewards: Optional[Tensor] = None
-    values: Optional[Tensor] = None
+    token_rewards: Tensor | None = None
+    values: Tensor | None = None
 
 
 def group_normalized_scores(scores: Tensor, group_ids: Tensor, norm_by_std: bool, eps: float) -> Tensor:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
 
-def masked_sum(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Sum of ``x`` where ``mask`` is 1.
 
     Args:
@@ -20,7 +18,7 @@ def masked_sum(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
     return prod.sum() if dim is None else prod.sum(dim)
 
 
-def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` over the positions where ``mask`` is 1 (0 where the mask is empty)."""
     return masked_sum(x, mask, dim) / mask.sum(dim).clamp(min=1)
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 
-def prompt_ids(tokenizer: Any, text: str, system_prompt: Optional[str] = None) -> list[int]:
+def prompt_ids(tokenizer: Any, text: str, system_prompt: str | None = None) -> list[int]:
     """Token ids of ``text`` as a user turn, ready for the assistant's reply.
 
     Uses the tokenizer's chat template when it has one (None system prompt keeps the

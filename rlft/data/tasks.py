@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,7 +31,7 @@ class Policy:
     tokenizer: Any
     compute_dtype: torch.dtype
     lora: bool
-    ref_model: Optional[Any] = None
+    ref_model: Any | None = None
 
     def autocast(self) -> Any:
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.compute_dtype == torch.bfloat16)

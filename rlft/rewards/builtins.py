@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 from rlft.rewards.registry import REWARDS
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-def last_number(text: str) -> Optional[float]:
+def last_number(text: str) -> float | None:
     """The last number written in ``text`` (thousands separators allowed), or None."""
     found = _NUMBER.findall(text)
     if not found:

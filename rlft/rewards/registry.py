@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rlft.registry import Registry
 

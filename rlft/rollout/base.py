@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -34,7 +35,7 @@ class Generations:
     prompt_index: list[int]
     completion_ids: list[list[int]]
     truncated: list[bool]
-    logprobs: Optional[list[list[float]]] = None
+    logprobs: list[list[float]] | None = None
 
     @property
     def num_tokens(self) -> int:

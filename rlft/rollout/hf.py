@@ -1,8 +1,9 @@
-"""Rollouts with transformers' ``generate`` on the sampler's own copy of the weights."""
+"""Rollouts with transformers models and a lean decode loop on the sampler's own weights."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -10,62 +11,105 @@ from torch import Tensor
 from rlft.rollout.base import Generations, SamplingParams
 
 
-class HFSampler:
-    """Batched group sampling with ``model.generate``.
+def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
+    """Pick the next token of each row.
 
-    The sampler owns a plain (non-peft) model in the compute dtype; after each policy update
-    the trainer pushes merged weights in with :meth:`load_weights`, as it would into vLLM.
+    Args:
+        logits: (B, V) fp32 next-token logits.
+        params: Greedy, or temperature / top-k / top-p sampling.
+        generator: Random source for sampling.
+
+    Returns:
+        (B,) token ids.
+    """
+    if params.greedy:
+        return logits.argmax(-1)
+    logits = logits / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, -1)
+        # drop a token when the tokens ranked above it already reach top_p
+        drop = (probs.cumsum(-1) - probs) >= params.top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    # Inverse-CDF sampling: torch.multinomial is ~20x slower on (B, 49152) rows on CPU.
+    cdf = torch.softmax(logits, -1).cumsum(-1)
+    u = torch.rand((logits.shape[0], 1), generator=generator) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+
+
+class HFSampler:
+    """Batched group sampling on a plain (non-peft) causal LM in the compute dtype.
+
+    The decode loop keeps a KV cache and drops finished rows from the batch, so a few long
+    completions do not make every row pay. The trainer pushes merged weights in after each
+    update with :meth:`load_weights`, as it would into vLLM.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, seed: int, max_batch: int = 128):
+    def __init__(self, model: Any, tokenizer: Any, seed: int, max_batch: int = 256):
         self.model = model.eval().requires_grad_(False)
-        self.tok = tokenizer
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id
         self.max_batch = max_batch
-        self.generator_seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
-        index: list[int] = []
+        rows = [p for p in prompts for _ in range(params.n)]
+        index = [i for i in range(len(prompts)) for _ in range(params.n)]
         completions: list[list[int]] = []
         truncated: list[bool] = []
-        per_call = max(1, self.max_batch // params.n)
-        for start in range(0, len(prompts), per_call):
-            chunk = prompts[start : start + per_call]
-            out = self._generate_chunk(chunk, params)
-            for j, row in enumerate(out):
-                ids, cut = self._trim(row, params.max_new_tokens)
-                index.append(start + j // params.n)
-                completions.append(ids)
-                truncated.append(cut)
+        for start in range(0, len(rows), self.max_batch):
+            out, cut = self._decode(rows[start : start + self.max_batch], params)
+            completions += out
+            truncated += cut
         return Generations(index, completions, truncated)
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: generation continues from the right edge
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        kwargs: dict[str, Any] = dict(
-            max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
-            pad_token_id=self.pad, eos_token_id=self.eos,
-        )
-        if params.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(
-                do_sample=True, temperature=params.temperature, top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else None,
-            )
-        seqs = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        return seqs[:, width:].tolist()
+    def _decode(self, rows: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[bool]]:
+        from transformers import DynamicCache
 
-    def _trim(self, row: list[int], max_new: int) -> tuple[list[int], bool]:
-        if self.eos in row:
-            return row[: row.index(self.eos) + 1], False
-        return row[:max_new], True
+        b, width = len(rows), max(len(r) for r in rows)
+        ids = torch.full((b, width), self.pad, dtype=torch.long)
+        mask = torch.zeros((b, width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every row continues from the right edge
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
+
+        def next_logits(input_ids: Tensor, attn: Tensor, pos: Tensor) -> Tensor:
+            hidden = decoder(
+                input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True
+            ).last_hidden_state
+            # A 2-D input keeps the LM head a plain matmul (a strided 3-D one copies the weight per row).
+            return head(hidden[:, -1, :]).float()
+
+        logits = next_logits(ids, mask, positions)
+        alive = torch.arange(b)
+        next_pos = positions[:, -1] + 1
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        finished = [False] * b
+        for t in range(params.max_new_tokens):
+            tok = sample_next(logits, params, self.generator)
+            for row, tk in zip(alive.tolist(), tok.tolist()):
+                tokens[row].append(tk)
+                finished[row] = tk == self.eos
+            keep = tok != self.eos
+            if t == params.max_new_tokens - 1 or not keep.any():
+                break
+            if not keep.all():
+                sel = keep.nonzero().squeeze(-1)
+                alive, tok, mask, next_pos = alive[sel], tok[sel], mask[sel], next_pos[sel]
+                for layer in cache.layers:
+                    layer.batch_select_indices(sel)
+            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=mask.dtype)], dim=1)
+            logits = next_logits(tok[:, None], mask, next_pos[:, None])
+            next_pos = next_pos + 1
+        return tokens, [not f for f in finished]
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:

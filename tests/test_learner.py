@@ -1,0 +1,108 @@
+"""Log-probs and the update against slow, independent computations on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlft.algorithms import LossNorm
+from rlft.batch import RolloutBatch, pack
+from rlft.config import compose
+from rlft.learner import _micro_loss, token_logprobs
+from rlft.models import build_policy
+from tests.conftest import TINY
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg, _, _ = compose(TINY + ["model.dtype=fp32"])
+    policy, _ = build_policy(cfg.model, 0, need_reference=True)
+    with torch.no_grad():  # a non-trivial adapter
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    return cfg, policy
+
+
+def _batch(n_rows=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(5, 3000, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(n_rows)]
+    comps = [torch.randint(5, 3000, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist() for _ in range(n_rows)]
+    ids, attn, start, length, mask = pack(prompts, comps, pad_id=2)
+    groups = torch.arange(n_rows) // 2
+    scores = torch.randn(n_rows, generator=g)
+    return prompts, comps, RolloutBatch(ids, attn, start, length, mask, groups, scores)
+
+
+def test_pack_layout():
+    ids, attn, start, length, mask = pack([[7, 8], [9]], [[1, 2, 3], [4]], pad_id=0)
+    assert ids.tolist() == [[7, 8, 1, 2, 3], [9, 4, 0, 0, 0]]
+    assert attn.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert start.tolist() == [2, 1] and length.tolist() == [3, 1]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_select_trims_padding():
+    _, _, batch = _batch()
+    sub = batch.select(torch.tensor([1, 3]))
+    assert sub.size == 2
+    assert sub.input_ids.shape[1] == int((sub.resp_start + sub.resp_len).max())
+    assert sub.response_mask.shape[1] == int(sub.resp_len.max())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_match_full_forward_per_row(tiny, temperature):
+    cfg, policy = tiny
+    prompts, comps, batch = _batch()
+    with torch.no_grad():
+        fast, entropy = token_logprobs(policy.model, batch, temperature, chunk_tokens=3)
+        for i, (p, c) in enumerate(zip(prompts, comps)):
+            logits = policy.model(input_ids=torch.tensor([p + c])).logits[0].float() / temperature
+            logp_all = torch.log_softmax(logits, -1)
+            for t, tok in enumerate(c):
+                want = logp_all[len(p) + t - 1, tok]
+                assert fast[i, t].item() == pytest.approx(want.item(), abs=1e-4)
+                probs = logp_all[len(p) + t - 1].exp()
+                ent = -(probs * logp_all[len(p) + t - 1]).sum()
+                assert entropy[i, t].item() == pytest.approx(ent.item(), abs=1e-3)
+
+
+def _grads(policy, batch, cfg, micro):
+    policy.model.zero_grad(set_to_none=True)
+    norm = LossNorm(float(batch.size), float(batch.response_mask.sum()), float(cfg.sampler.max_new_tokens))
+    for rows in torch.arange(batch.size).split(micro):
+        loss, _ = _micro_loss(policy, batch.select(rows), cfg, 1.0, norm)
+        loss.backward()
+    return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_gradient_accumulation_equals_one_pass(tiny, agg):
+    cfg, policy = tiny
+    cfg.algo.loss_agg = agg
+    _, _, batch = _batch(n_rows=6, seed=3)
+    batch.advantages = torch.randn(batch.response_mask.shape) * batch.response_mask
+    with torch.no_grad(), policy.reference() as ref:
+        batch.ref_logp, _ = token_logprobs(ref, batch, 1.0)
+    whole = _grads(policy, batch, cfg, micro=6)
+    parts = _grads(policy, batch, cfg, micro=2)
+    assert whole.keys() == parts.keys() and whole
+    for k in whole:
+        assert torch.allclose(whole[k], parts[k], atol=1e-6, rtol=1e-4), k
+
+
+def test_reference_is_base_model_without_adapter(tiny):
+    cfg, policy = tiny
+    _, _, batch = _batch()
+    with torch.no_grad():
+        on, _ = token_logprobs(policy.model, batch, 1.0)
+        with policy.reference() as ref:
+            off, _ = token_logprobs(ref, batch, 1.0)
+        plain = policy.model.get_base_model()
+        with policy.model.disable_adapter():
+            base = plain(input_ids=batch.input_ids[:1, : int(batch.resp_start[0] + batch.resp_len[0])]).logits
+    mask = batch.response_mask.bool()
+    assert not torch.allclose(on[mask], off[mask], atol=1e-3)
+    lp = torch.log_softmax(base[0].float(), -1)
+    first = lp[int(batch.resp_start[0]) - 1, int(batch.input_ids[0, batch.resp_start[0]])]
+    assert off[0, 0].item() == pytest.approx(first.item(), abs=1e-4)

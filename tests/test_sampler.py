@@ -1,0 +1,65 @@
+"""The HF sampler's decode loop against transformers' generate, and the sampling rules."""
+
+from __future__ import annotations
+
+import torch
+
+from rlft.config import compose
+from rlft.models import build_policy
+from rlft.rollout import SamplingParams, build_sampler
+from rlft.rollout.hf import sample_next
+from tests.conftest import TINY
+
+
+def _sampler(dtype="fp32"):
+    cfg, _, _ = compose(TINY + [f"model.dtype={dtype}"])
+    policy, copy = build_policy(cfg.model, 0, need_reference=False)
+    return build_sampler(cfg.sampler, copy, policy.tokenizer, 0), policy.tokenizer
+
+
+def test_greedy_matches_transformers_generate():
+    sampler, tok = _sampler()
+    prompts = [[1, 50, 60, 70], [1, 900], [1, 5, 6, 7, 8, 9, 10], [300, 301]]
+    gens = sampler.generate(prompts, SamplingParams(n=1, max_new_tokens=12, greedy=True))
+    for p, got, cut in zip(prompts, gens.completion_ids, gens.truncated):
+        ref = sampler.model.generate(
+            torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=12,
+            do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        )[0, len(p) :].tolist()
+        if tok.eos_token_id in ref:
+            ref = ref[: ref.index(tok.eos_token_id) + 1]
+        assert got == ref
+        assert cut == (tok.eos_token_id not in got)
+        assert len(got) <= 12
+
+
+def test_eos_ends_a_row_and_others_continue():
+    sampler, tok = _sampler()
+    eos = tok.eos_token_id
+    with torch.no_grad():  # make EOS the argmax after token 77 only
+        head = sampler.model.get_output_embeddings().weight
+        emb = sampler.model.get_input_embeddings().weight
+        head[eos] = emb[77] * 50
+    gens = sampler.generate([[5, 77], [5, 78]], SamplingParams(n=1, max_new_tokens=6, greedy=True))
+    assert gens.completion_ids[0] == [eos] and gens.truncated[0] is False
+
+
+def test_groups_are_prompt_major_and_sampled():
+    sampler, _ = _sampler()
+    gens = sampler.generate([[1, 2, 3], [4, 5]], SamplingParams(n=3, max_new_tokens=5, temperature=1.0))
+    assert gens.prompt_index == [0, 0, 0, 1, 1, 1]
+    assert len({tuple(c) for c in gens.completion_ids[:3]}) > 1  # random model at T=1: distinct samples
+
+
+def test_sample_next_rules():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]] * 4000)
+    greedy = sample_next(logits, SamplingParams(greedy=True), g)
+    assert torch.all(greedy == 1)
+    assert torch.all(sample_next(logits, SamplingParams(top_k=1), g) == 1)
+    assert torch.all(sample_next(logits, SamplingParams(top_p=0.5), g) == 1)  # p(1) = 0.64 >= 0.5
+    top2 = sample_next(logits, SamplingParams(top_k=2), g)
+    assert set(top2.tolist()) == {1, 2}
+    counts = torch.bincount(sample_next(logits, SamplingParams(temperature=2.0), g), minlength=4).float() / 4000
+    want = torch.softmax(logits[0] / 2.0, -1)
+    assert torch.allclose(counts, want, atol=0.03)
