@@ -20,10 +20,12 @@ class RolloutBatch:
         response_mask: (B, T) 1 on completion tokens that enter the loss.
         group_ids: (B,) prompt index; rows sharing it form a group.
         scores: (B,) sequence rewards.
+        truncated: (B,) True where the completion hit the length cap without EOS.
         old_logp: (B, T) log-probs under the sampling policy (None: equal to the current ones).
         ref_logp: (B, T) log-probs under the reference (None: no KL term).
         advantages: (B, T).
         returns: (B, T).
+        values: (B, T) critic values at rollout time (PPO).
     """
 
     input_ids: Tensor
@@ -33,10 +35,12 @@ class RolloutBatch:
     response_mask: Tensor
     group_ids: Tensor
     scores: Tensor
+    truncated: Tensor
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    values: Tensor | None = None
 
     @property
     def size(self) -> int:

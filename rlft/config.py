@@ -47,6 +47,48 @@ class AlgoConfig:
     """Passes over each rollout batch."""
     num_mini_batches: int = 1
     """Optimizer steps per epoch; the rollout batch is split into this many mini-batches."""
+    early_stop_kl: float = 0.0
+    """Stop the remaining epochs on a rollout once mean approx KL(old || new) exceeds this (0: off)."""
+    penalty_beta: float = 1.0
+    """PPO-Penalty (policy_loss=kl_penalty): initial coefficient of KL(old || new) in the loss."""
+    penalty_target_kl: float = 0.01
+    """PPO-Penalty: beta doubles when KL > 1.5x this, halves when KL < this / 1.5."""
+    kl_reward_coef: float = 0.0
+    """PPO: coefficient of the per-token KL penalty -coef * (logp_old - logp_ref) in the reward."""
+    kl_ctrl: str = "fixed"
+    """PPO: fixed or adaptive (InstructGPT controller) kl_reward_coef."""
+    kl_target: float = 6.0
+    """Adaptive controller: target KL per sequence."""
+    kl_horizon: int = 10000
+    """Adaptive controller: horizon in samples."""
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 0.95
+    """GAE lambda."""
+    whiten_advantages: bool = True
+    """GAE: normalize advantages to mean 0, std 1 over the batch's response tokens."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    value_clip: float = 0.2
+    """Value clipping range around the rollout-time values (0: off)."""
+    critic_lr: float = 1e-4
+    """Critic learning rate (value head and critic adapter)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more until the batch is full."""
+    max_sampling_rounds: int = 4
+    """DAPO: cap on sampling rounds per step; at the cap, train on what was gathered."""
+    overlong_filter: bool = False
+    """DAPO: mask truncated completions out of the loss."""
+    overlong_penalty: bool = False
+    """DAPO: add the soft overlong punishment to the reward (L_max = sampler.max_new_tokens)."""
+    overlong_cache: int = 8
+    """DAPO: L_cache, the length band before L_max where the punishment ramps from 0 to -1."""
+    overlong_penalty_factor: float = 1.0
+    """DAPO: weight of the overlong punishment in the reward."""
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.adv_estimator == "gae"
 
 
 @dataclass
@@ -385,6 +427,14 @@ def validate(cfg: Config) -> None:
     POLICY_LOSSES.check(a.policy_loss, "algo.policy_loss")
     KL_ESTIMATORS.check(a.kl_estimator, "algo.kl_estimator")
     LOSS_AGGREGATIONS.check(a.loss_agg, "algo.loss_agg")
+    if a.kl_ctrl not in ("fixed", "adaptive"):
+        raise ConfigError(f"algo.kl_ctrl='{a.kl_ctrl}'; valid choices: fixed, adaptive")
+    if a.overlong_penalty and not 0 < a.overlong_cache <= s.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_cache={a.overlong_cache} must be in (0, sampler.max_new_tokens={s.max_new_tokens}]"
+        )
+    if a.max_sampling_rounds < 1:
+        raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be at least 1")
     if a.adv_estimator == "grpo" and s.n < 2:
         raise ConfigError(f"sampler.n={s.n}: group-relative advantages need at least 2 completions per prompt")
     batch = t.num_prompts * s.n

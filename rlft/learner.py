@@ -1,7 +1,8 @@
-"""Log-probs of sampled tokens and one policy update over a rollout batch."""
+"""Log-probs and values of sampled tokens, and one update over a rollout batch."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from typing import Any
@@ -11,16 +12,41 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, LossNorm, masked_mean
+from rlft.algorithms.losses import clipped_value_loss
 from rlft.batch import RolloutBatch
+from rlft.models.critic import Critic
 from rlft.models.policy import Policy
 
 
+def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+    """Final hidden states at the positions that predict each completion token.
+
+    Args:
+        model: A causal LM (plain or peft) exposing ``get_decoder``.
+        batch: Uses ``input_ids`` (B, L), ``attention_mask``, ``resp_start`` and ``response_mask`` (B, T).
+
+    Returns:
+        ``hidden`` (B, T, H), taken at position resp_start - 1 + t, and ``targets`` (B, T), the
+        completion tokens they predict (meaningful where the response mask is 1).
+    """
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    ).last_hidden_state
+    b, seq_len, width = hidden.shape
+    t_len = batch.response_mask.shape[1]
+    pos = (batch.resp_start[:, None] - 1 + torch.arange(t_len)[None, :]).clamp(0, seq_len - 2)
+    h = hidden.gather(1, pos.unsqueeze(-1).expand(b, t_len, width))
+    return h, batch.input_ids.gather(1, pos + 1)
+
+
 def _chunk_logprobs(lm_head: Any, hidden: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    logits = lm_head(hidden).float() / temperature
+    logits = lm_head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     with torch.no_grad():
-        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        entropy = lse - (torch.exp(logits - lse.unsqueeze(-1)) * logits).sum(-1)
     return logp, entropy
 
 
@@ -33,8 +59,8 @@ def token_logprobs(
     time, and recomputed in backward, so the (B, T, V) logits never all exist at once.
 
     Args:
-        model: A causal LM (plain or peft) exposing ``get_decoder`` and ``get_output_embeddings``.
-        batch: Uses ``input_ids`` (B, L), ``attention_mask``, ``resp_start``, ``response_mask`` (B, T).
+        model: A causal LM exposing ``get_decoder`` and ``get_output_embeddings``.
+        batch: See :func:`response_hidden`.
         temperature: Sampling temperature; logits are divided by it.
         chunk_tokens: Positions per logits chunk.
 
@@ -42,15 +68,9 @@ def token_logprobs(
         ``logp`` (B, T), with gradient when enabled, and detached ``entropy`` (B, T); both are
         meaningful only where the response mask is 1.
     """
-    hidden = model.get_decoder()(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-    ).last_hidden_state
-    b, seq_len, width = hidden.shape
-    t_len = batch.response_mask.shape[1]
-    # The token at position p is predicted from the hidden state at p - 1.
-    pos = (batch.resp_start[:, None] - 1 + torch.arange(t_len)[None, :]).clamp(0, seq_len - 2)
-    h = hidden.gather(1, pos.unsqueeze(-1).expand(b, t_len, width)).reshape(b * t_len, width)
-    targets = batch.input_ids.gather(1, pos + 1).reshape(b * t_len)
+    h, targets = response_hidden(model, batch)
+    b, t_len, width = h.shape
+    h, targets = h.reshape(b * t_len, width), targets.reshape(b * t_len)
     lm_head = model.get_output_embeddings()
     logps, ents = [], []
     for s in range(0, b * t_len, chunk_tokens):
@@ -64,22 +84,37 @@ def token_logprobs(
     return torch.cat(logps).view(b, t_len), torch.cat(ents).view(b, t_len)
 
 
-@torch.no_grad()
-def batch_logprobs(policy: Policy, model: Any, batch: RolloutBatch, temperature: float, micro: int) -> Tensor:
-    """``token_logprobs`` of every row, without gradient, ``micro`` rows at a time. Returns (B, T)."""
+def critic_values(critic: Critic, batch: RolloutBatch) -> Tensor:
+    """V at each response position (the state before each completion token). Returns (B, T)."""
+    with critic.active() as model:
+        h, _ = response_hidden(model, batch)
+    return critic.head(h.float()).squeeze(-1)
+
+
+def _per_row(policy: Policy, batch: RolloutBatch, micro: int, fn: Any) -> Tensor:
     out = torch.zeros_like(batch.response_mask)
-    for rows in torch.arange(batch.size).split(micro):
-        sub = batch.select(rows)
-        with policy.autocast():
-            lp, _ = token_logprobs(model, sub, temperature)
-        out[rows, : lp.shape[1]] = lp
+    with torch.no_grad():
+        for rows in torch.arange(batch.size).split(micro):
+            sub = batch.select(rows)
+            with policy.autocast():
+                values = fn(sub)
+            out[rows, : values.shape[1]] = values.float()
     return out
 
 
-def _micro_loss(
-    policy: Policy, sub: RolloutBatch, cfg: Any, temperature: float, norm: LossNorm
+def batch_logprobs(policy: Policy, model: Any, batch: RolloutBatch, temperature: float, micro: int) -> Tensor:
+    """``token_logprobs`` of every row, without gradient, ``micro`` rows at a time. Returns (B, T)."""
+    return _per_row(policy, batch, micro, lambda sub: token_logprobs(model, sub, temperature)[0])
+
+
+def batch_values(policy: Policy, critic: Critic, batch: RolloutBatch, micro: int) -> Tensor:
+    """``critic_values`` of every row, without gradient. Returns (B, T)."""
+    return _per_row(policy, batch, micro, lambda sub: critic_values(critic, sub))
+
+
+def _policy_loss(
+    policy: Policy, sub: RolloutBatch, algo: Any, temperature: float, norm: LossNorm
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    algo = cfg.algo
     with policy.autocast():
         logp, entropy = token_logprobs(policy.model, sub, temperature)
     mask = sub.response_mask
@@ -92,41 +127,65 @@ def _micro_loss(
         metrics["kl"] = masked_mean(kl.detach(), mask)
     loss = LOSS_AGGREGATIONS.get(algo.loss_agg)(per_token, mask, norm)
     with torch.no_grad():
-        # Approximate KL(old || new) with k3 on the sampled tokens, for monitoring/early stop.
+        # k3 estimate of KL(old || new) on the sampled tokens, for monitoring and early stopping.
         metrics["approx_kl"] = masked_mean(KL_ESTIMATORS.get("k3")(old, logp.detach()), mask)
         metrics["entropy"] = masked_mean(entropy, mask)
         metrics["pg_loss"] = masked_mean(pg.detach(), mask)
     return loss, metrics
 
 
+def _value_loss(
+    policy: Policy, critic: Critic, sub: RolloutBatch, algo: Any, norm: LossNorm
+) -> tuple[Tensor, dict[str, Tensor]]:
+    with policy.autocast():
+        values = critic_values(critic, sub)
+    mask = sub.response_mask
+    per_token = clipped_value_loss(values, sub.values, sub.returns, algo.value_clip)
+    loss = algo.vf_coef * LOSS_AGGREGATIONS.get(algo.loss_agg)(per_token, mask, norm)
+    with torch.no_grad():
+        metrics = {"value_loss": masked_mean(per_token.detach(), mask), "value/mean": masked_mean(values, mask)}
+    return loss, metrics
+
+
 def update_policy(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any | None,
+    scheduler: Any,
     batch: RolloutBatch,
     cfg: Any,
     generator: torch.Generator,
+    critic: Critic | None = None,
+    penalty_beta: float | None = None,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch, ``num_mini_batches`` optimizer steps each.
 
     Args:
         policy: The policy to update in place.
-        optimizer: Over ``policy.trainable_parameters()``.
+        optimizer: Over the policy's (and the critic's) trainable parameters.
         scheduler: Stepped after each optimizer step (or None).
-        batch: A rollout with ``advantages`` set (and ``old_logp``/``ref_logp`` when needed).
+        batch: A rollout with ``advantages`` set (``old_logp``/``ref_logp``/``values``/``returns``
+            when the algorithm needs them).
         cfg: The full Config.
         generator: Shuffles rows into mini-batches.
+        critic: Trained on the clipped value loss alongside the policy (PPO).
+        penalty_beta: Current PPO-Penalty coefficient (for ``policy_loss=kl_penalty``).
 
     Returns:
         Metrics averaged over micro-batches (weighted by their response tokens), plus
-        ``loss`` (mean over optimizer steps), ``grad_norm`` and ``lr``.
+        ``loss`` (mean over optimizer steps), ``grad_norm``, ``lr`` and ``epochs_run``
+        (fewer than ``ppo_epochs`` when early stopping cut the update short).
     """
-    algo, temperature = cfg.algo, cfg.sampler.temperature
+    algo = cfg.algo
+    if penalty_beta is not None:
+        algo = dataclasses.replace(algo, penalty_beta=penalty_beta)
     sums: dict[str, float] = defaultdict(float)
     weight = 0.0
     losses, norms = [], []
-    params = policy.trainable_parameters()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    epochs_run = 0
     for _ in range(algo.ppo_epochs):
+        epochs_run += 1
+        epoch_kl, epoch_tokens = 0.0, 0.0
         order = torch.randperm(batch.size, generator=generator)
         for mini in order.chunk(algo.num_mini_batches):
             mb_mask = batch.response_mask[mini]
@@ -135,23 +194,32 @@ def update_policy(
             total = 0.0
             for rows in mini.split(cfg.trainer.micro_batch_size):
                 sub = batch.select(rows)
-                loss, metrics = _micro_loss(policy, sub, cfg, temperature, norm)
+                loss, metrics = _policy_loss(policy, sub, algo, cfg.sampler.temperature, norm)
                 loss.backward()
+                if critic is not None:
+                    v_loss, v_metrics = _value_loss(policy, critic, sub, algo, norm)
+                    v_loss.backward()
+                    loss = loss + v_loss
+                    metrics.update(v_metrics)
                 total += loss.item()
                 tokens = float(sub.response_mask.sum())
                 for k, v in metrics.items():
                     sums[k] += float(v) * tokens
                 weight += tokens
-            grad_norm = _clip(params, cfg.optim.max_grad_norm)
+                epoch_kl += float(metrics["approx_kl"]) * tokens
+                epoch_tokens += tokens
+            norms.append(_clip(params, cfg.optim.max_grad_norm))
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
             losses.append(total)
-            norms.append(grad_norm)
+        if algo.early_stop_kl > 0 and epoch_kl / max(epoch_tokens, 1.0) > algo.early_stop_kl:
+            break
     out = {k: v / max(weight, 1.0) for k, v in sums.items()}
     out["loss"] = sum(losses) / len(losses)
     out["grad_norm"] = sum(norms) / len(norms)
     out["lr"] = optimizer.param_groups[0]["lr"]
+    out["epochs_run"] = float(epochs_run)
     return out
 
 
@@ -162,12 +230,15 @@ def _clip(params: list[Tensor], max_norm: float) -> float:
     return float(torch.norm(torch.stack(grads))) if grads else 0.0
 
 
-def build_optimizer(policy: Policy, cfg: Any, total_updates: int) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the trainable parameters with linear warm-up then constant/linear/cosine."""
+def build_optimizer(
+    policy: Policy, cfg: Any, total_updates: int, critic: Critic | None = None
+) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW (policy at ``optim.lr``, critic at ``algo.critic_lr``) with linear warm-up then a schedule."""
     o = cfg.optim
-    opt = torch.optim.AdamW(
-        policy.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-    )
+    groups = [{"params": policy.trainable_parameters(), "lr": o.lr}]
+    if critic is not None:
+        groups.append({"params": critic.parameters(), "lr": cfg.algo.critic_lr})
+    opt = torch.optim.AdamW(groups, betas=tuple(o.betas), weight_decay=o.weight_decay)
 
     def factor(step: int) -> float:
         if o.warmup_steps > 0 and step < o.warmup_steps:

@@ -11,15 +11,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from rlft.algorithms import ADV_ESTIMATORS, AdvantageInputs
+from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageInputs, masked_mean
+from rlft.algorithms.advantages import informative_groups, ppo_token_rewards, soft_overlong_penalty
+from rlft.algorithms.kl_control import adaptive_kl_coef, penalty_beta_update
 from rlft.batch import RolloutBatch, pack
 from rlft.checkpoint import save_checkpoint
 from rlft.data import Problem, build_task
 from rlft.data.chat import prompt_ids
 from rlft.evaluation import evaluate
-from rlft.learner import batch_logprobs, build_optimizer, update_policy
+from rlft.learner import batch_logprobs, batch_values, build_optimizer, update_policy
 from rlft.models import Policy, build_policy
+from rlft.models.critic import Critic, build_critic
 from rlft.rewards import resolve_reward, score_samples
 from rlft.rewards.registry import Sample
 from rlft.rollout import Generations, Sampler, SamplingParams, build_sampler
@@ -27,12 +31,56 @@ from rlft.tracking import Tracker
 
 
 @dataclass
-class Rollout:
-    """A scored rollout and the timings of producing it."""
+class Components:
+    """Everything a training step needs, built once per run."""
 
-    batch: RolloutBatch
-    gens: Generations
+    task: Any
+    policy: Policy
+    sampler: Sampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    shuffle: torch.Generator
+    state: AlgoState
+    critic: Critic | None = None
+    cursor: int = 0
+    """Training batches drawn so far (dynamic sampling draws several per step)."""
+
+
+def build_components(cfg: Any) -> Components:
+    """Seed, then build the task, policy, sampler and optimizer named by ``cfg``."""
+    if cfg.trainer.threads > 0:
+        torch.set_num_threads(cfg.trainer.threads)
+    _quiet_libraries()
+    seed_everything(cfg.seed)
+    task = build_task(cfg.data, cfg.seed)
+    for name in cfg.reward.fns:  # fail on a bad reward name before loading the model
+        resolve_reward(name)
+    a = cfg.algo
+    need_ref = a.beta > 0 or (a.uses_critic and a.kl_reward_coef > 0)
+    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=need_ref)
+    sampler = build_sampler(cfg.sampler, sampler_model, policy.tokenizer, cfg.seed)
+    critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
+    total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
+    optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
+    state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, critic)
+
+
+@dataclass
+class Rollout:
+    """A scored rollout ready for advantages (None batch: nothing to train on) and its metrics."""
+
+    batch: RolloutBatch | None
     metrics: dict[str, float]
+
+
+@dataclass
+class AlgoState:
+    """Coefficients adapted during training (saved with checkpoints)."""
+
+    penalty_beta: float
+    kl_coef: float
 
 
 def seed_everything(seed: int) -> None:
@@ -48,85 +96,154 @@ def sampling_params(cfg: Any) -> SamplingParams:
     )
 
 
-def collect_rollout(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any) -> Rollout:
-    """Sample a group per problem, decode and score it, and pack it into tensors."""
+@dataclass
+class _Round:
+    prompts: list[list[int]]
+    gens: Generations
+    task_scores: Tensor
+    scores: Tensor
+    per_fn: dict[str, list[float]]
+
+
+def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any) -> _Round:
     prompts = [prompt_ids(tokenizer, p.prompt, cfg.data.system_prompt) for p in problems]
-    t0 = time.perf_counter()
     gens = sampler.generate(prompts, sampling_params(cfg))
-    t1 = time.perf_counter()
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     samples = [
         Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut)
         for i, text, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
     ]
     totals, per_fn = score_samples(cfg.reward.fns, cfg.reward.weights, samples, cfg.sampler.max_new_tokens)
-    t2 = time.perf_counter()
-    input_ids, attn, start, length, mask = pack(
-        [prompts[i] for i in gens.prompt_index], gens.completion_ids, tokenizer.pad_token_id
-    )
-    scores = torch.tensor(totals, dtype=torch.float32)
-    batch = RolloutBatch(input_ids, attn, start, length, mask, torch.tensor(gens.prompt_index), scores)
-    metrics = {
-        "reward/mean": float(scores.mean()),
-        "reward/std": float(scores.std()) if len(totals) > 1 else 0.0,
-        **{f"reward/{name}": float(np.mean(v)) for name, v in per_fn.items()},
-        "tokens/generated": float(gens.num_tokens),
-        "response/mean_length": gens.num_tokens / len(texts),
-        "response/truncated_frac": float(np.mean(gens.truncated)),
-        "time/generate_s": t1 - t0,
-        "time/reward_s": t2 - t1,
-        "throughput/tokens_per_s": gens.num_tokens / max(t1 - t0, 1e-9),
-    }
-    return Rollout(batch, gens, metrics)
+    task_scores = torch.tensor(totals, dtype=torch.float32)
+    scores = task_scores
+    a = cfg.algo
+    if a.overlong_penalty:
+        lengths = torch.tensor([len(c) for c in gens.completion_ids])
+        penalty = soft_overlong_penalty(lengths, cfg.sampler.max_new_tokens, a.overlong_cache)
+        scores = task_scores + a.overlong_penalty_factor * penalty
+        per_fn["overlong_penalty"] = penalty.tolist()
+    return _Round(prompts, gens, task_scores, scores, per_fn)
 
 
-def prepare_batch(policy: Policy, batch: RolloutBatch, cfg: Any) -> dict[str, float]:
-    """Fill in old/reference log-probs (only those the algorithm needs) and advantages."""
-    algo, temp, micro = cfg.algo, cfg.sampler.temperature, cfg.trainer.micro_batch_size
+def collect_rollout(c: Components, cfg: Any) -> Rollout:
+    """Sample groups, score them, and (DAPO) keep only informative groups, sampling more rounds
+    until ``trainer.num_prompts`` groups are kept or ``algo.max_sampling_rounds`` is reached."""
+    a, want = cfg.algo, cfg.trainer.num_prompts
+    rows: list[tuple[list[int], list[int], bool, float, int]] = []
+    seen: list[_Round] = []
     t0 = time.perf_counter()
+    kept = 0
+    while True:
+        problems = c.task.batch(c.cursor, want)
+        c.cursor += 1
+        r = _sample_round(c.sampler, c.policy.tokenizer, problems, cfg)
+        seen.append(r)
+        group_ids = torch.tensor(r.gens.prompt_index)
+        groups = informative_groups(r.task_scores, group_ids) if a.dynamic_sampling else torch.unique(group_ids)
+        for g in groups.tolist():
+            if kept == want:
+                break
+            for j in (group_ids == g).nonzero().squeeze(-1).tolist():
+                rows.append((r.prompts[g], r.gens.completion_ids[j], r.gens.truncated[j], float(r.scores[j]), kept))
+            kept += 1
+        if not a.dynamic_sampling or kept == want or len(seen) >= a.max_sampling_rounds:
+            break
+    elapsed = time.perf_counter() - t0
+    metrics = _rollout_metrics(seen, elapsed)
+    if a.dynamic_sampling:
+        sampled = len(seen) * want
+        metrics.update({"dynamic/rounds": float(len(seen)), "dynamic/kept_frac": float(kept) / sampled,
+                        "dynamic/groups": float(kept)})
+    if not rows:
+        return Rollout(None, metrics)
+    prompts, comps, cut, scores, gid = (list(x) for x in zip(*rows))
+    input_ids, attn, start, length, mask = pack(prompts, comps, c.policy.tokenizer.pad_token_id)
+    batch = RolloutBatch(
+        input_ids, attn, start, length, mask, torch.tensor(gid), torch.tensor(scores, dtype=torch.float32),
+        torch.tensor(cut, dtype=torch.bool),
+    )
+    return Rollout(batch, metrics)
+
+
+def _rollout_metrics(rounds: list[_Round], elapsed: float) -> dict[str, float]:
+    """Over every completion sampled this step (kept or not)."""
+    scores = torch.cat([r.scores for r in rounds])
+    lengths = [len(x) for r in rounds for x in r.gens.completion_ids]
+    tokens = float(sum(lengths))
+    out = {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "tokens/generated": tokens,
+        "response/mean_length": tokens / len(lengths),
+        "response/truncated_frac": float(np.mean([t for r in rounds for t in r.gens.truncated])),
+        "time/generate_s": elapsed,
+        "throughput/tokens_per_s": tokens / max(elapsed, 1e-9),
+    }
+    for name in rounds[0].per_fn:
+        out[f"reward/{name}"] = float(np.mean([v for r in rounds for v in r.per_fn[name]]))
+    return out
+
+
+def prepare_batch(c: Components, batch: RolloutBatch, cfg: Any) -> dict[str, float]:
+    """Mask, old/reference log-probs and values (only what the algorithm needs), and advantages."""
+    a, temp, micro = cfg.algo, cfg.sampler.temperature, cfg.trainer.micro_batch_size
+    policy = c.policy
+    t0 = time.perf_counter()
+    if a.overlong_filter:
+        batch.response_mask = batch.response_mask * (~batch.truncated).float()[:, None]
     # With a single update per rollout the ratio is exp(logp - logp.detach()): no old pass needed.
-    if algo.ppo_epochs > 1 or algo.num_mini_batches > 1:
+    if a.ppo_epochs > 1 or a.num_mini_batches > 1 or a.uses_critic:
         batch.old_logp = batch_logprobs(policy, policy.model, batch, temp, micro)
-    if algo.beta > 0:
+    if a.beta > 0 or (a.uses_critic and c.state.kl_coef > 0):
         with policy.reference() as ref:
             batch.ref_logp = batch_logprobs(policy, ref, batch, temp, micro)
+    token_rewards = None
+    if c.critic is not None:
+        batch.values = batch_values(policy, c.critic, batch, micro)
+        token_rewards = ppo_token_rewards(batch.scores, batch.old_logp, batch.ref_logp, batch.response_mask,
+                                          c.state.kl_coef)
     t1 = time.perf_counter()
-    inputs = AdvantageInputs(batch.scores, batch.response_mask, batch.group_ids)
-    batch.advantages, batch.returns = ADV_ESTIMATORS.get(algo.adv_estimator)(inputs, algo)
-    adv_tokens = batch.advantages[batch.response_mask.bool()]
-    return {
+    inputs = AdvantageInputs(batch.scores, batch.response_mask, batch.group_ids, token_rewards, batch.values)
+    batch.advantages, batch.returns = ADV_ESTIMATORS.get(a.adv_estimator)(inputs, a)
+    mask = batch.response_mask.bool()
+    adv_tokens = batch.advantages[mask]
+    out = {
         "time/logprob_s": t1 - t0,
         "adv/mean": float(adv_tokens.mean()) if adv_tokens.numel() else 0.0,
         "adv/std": float(adv_tokens.std()) if adv_tokens.numel() > 1 else 0.0,
+        "response/loss_tokens": float(batch.response_mask.sum()),
     }
+    if batch.ref_logp is not None and batch.old_logp is not None:
+        seq_kl = ((batch.old_logp - batch.ref_logp) * batch.response_mask).sum(1)
+        out["kl/seq_ref"] = float(seq_kl.mean())
+    if batch.values is not None:
+        out["value/explained_var"] = explained_variance(batch.values, batch.returns, batch.response_mask)
+    return out
 
 
-@dataclass
-class Components:
-    """Everything a training step needs, built once per run."""
-
-    task: Any
-    policy: Policy
-    sampler: Sampler
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    shuffle: torch.Generator
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over the masked tokens (1: perfect critic, <= 0: no better than a constant)."""
+    m = mask.bool()
+    var_r = returns[m].var()
+    if m.sum() < 2 or var_r == 0:
+        return 0.0
+    return float(1.0 - (returns[m] - values[m]).var() / var_r)
 
 
-def build_components(cfg: Any) -> Components:
-    """Seed, then build the task, policy, sampler and optimizer named by ``cfg``."""
-    if cfg.trainer.threads > 0:
-        torch.set_num_threads(cfg.trainer.threads)
-    _quiet_libraries()
-    seed_everything(cfg.seed)
-    task = build_task(cfg.data, cfg.seed)
-    for name in cfg.reward.fns:  # fail on a bad reward name before loading the model
-        resolve_reward(name)
-    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=cfg.algo.beta > 0)
-    sampler = build_sampler(cfg.sampler, sampler_model, policy.tokenizer, cfg.seed)
-    total_updates = cfg.trainer.steps * cfg.algo.ppo_epochs * cfg.algo.num_mini_batches
-    optimizer, scheduler = build_optimizer(policy, cfg, total_updates)
-    return Components(task, policy, sampler, optimizer, scheduler, torch.Generator().manual_seed(cfg.seed))
+def adapt_coefficients(c: Components, batch: RolloutBatch, cfg: Any, metrics: dict[str, float]) -> None:
+    """After an update: PPO-Penalty's beta from the new KL(old || new), and the adaptive in-reward KL coef."""
+    a = cfg.algo
+    if a.policy_loss == "kl_penalty":
+        new_logp = batch_logprobs(c.policy, c.policy.model, batch, cfg.sampler.temperature,
+                                  cfg.trainer.micro_batch_size)
+        kl = float(masked_mean(KL_ESTIMATORS.get("k3")(batch.old_logp, new_logp), batch.response_mask))
+        metrics["penalty_kl_after"] = kl
+        c.state.penalty_beta = penalty_beta_update(c.state.penalty_beta, kl, a.penalty_target_kl)
+    if a.uses_critic and a.kl_ctrl == "adaptive" and "kl/seq_ref" in metrics:
+        c.state.kl_coef = adaptive_kl_coef(c.state.kl_coef, metrics["kl/seq_ref"], a.kl_target, batch.size,
+                                           a.kl_horizon)
+    metrics["penalty_beta"] = c.state.penalty_beta
+    metrics["kl_coef"] = c.state.kl_coef
 
 
 def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str, float]:
@@ -173,17 +290,23 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
 def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
     """One iteration (``step`` counts from 1); returns its metrics."""
     t_start = time.perf_counter()
-    policy, sampler = c.policy, c.sampler
-    policy.model.eval()
-    rollout = collect_rollout(sampler, policy.tokenizer, c.task.batch(step - 1, cfg.trainer.num_prompts), cfg)
+    c.policy.model.eval()
+    rollout = collect_rollout(c, cfg)
     metrics = dict(rollout.metrics)
-    metrics.update(prepare_batch(policy, rollout.batch, cfg))
-    policy.model.train()
+    if rollout.batch is None:  # dynamic sampling found no informative group within its cap
+        metrics["update/skipped"] = 1.0
+        metrics["time/step_s"] = time.perf_counter() - t_start
+        return metrics
+    metrics.update(prepare_batch(c, rollout.batch, cfg))
+    c.policy.model.train()
     t0 = time.perf_counter()
-    metrics.update(update_policy(policy, c.optimizer, c.scheduler, rollout.batch, cfg, c.shuffle))
+    metrics.update(update_policy(c.policy, c.optimizer, c.scheduler, rollout.batch, cfg, c.shuffle, c.critic,
+                                 c.state.penalty_beta))
+    adapt_coefficients(c, rollout.batch, cfg, metrics)
     t1 = time.perf_counter()
-    sampler.load_weights(policy.sampler_weights())
+    c.sampler.load_weights(c.policy.sampler_weights())
     t2 = time.perf_counter()
+    metrics["update/skipped"] = 0.0
     metrics["time/update_s"] = t1 - t0
     metrics["time/sync_s"] = t2 - t1
     metrics["time/step_s"] = t2 - t_start

@@ -8,7 +8,7 @@ import torch
 from rlft.algorithms import LossNorm
 from rlft.batch import RolloutBatch, pack
 from rlft.config import compose
-from rlft.learner import _micro_loss, token_logprobs
+from rlft.learner import _policy_loss, token_logprobs
 from rlft.models import build_policy
 from tests.conftest import TINY
 
@@ -31,7 +31,8 @@ def _batch(n_rows=5, seed=0):
     ids, attn, start, length, mask = pack(prompts, comps, pad_id=2)
     groups = torch.arange(n_rows) // 2
     scores = torch.randn(n_rows, generator=g)
-    return prompts, comps, RolloutBatch(ids, attn, start, length, mask, groups, scores)
+    cut = torch.zeros(n_rows, dtype=torch.bool)
+    return prompts, comps, RolloutBatch(ids, attn, start, length, mask, groups, scores, cut)
 
 
 def test_pack_layout():
@@ -71,7 +72,7 @@ def _grads(policy, batch, cfg, micro):
     policy.model.zero_grad(set_to_none=True)
     norm = LossNorm(float(batch.size), float(batch.response_mask.sum()), float(cfg.sampler.max_new_tokens))
     for rows in torch.arange(batch.size).split(micro):
-        loss, _ = _micro_loss(policy, batch.select(rows), cfg, 1.0, norm)
+        loss, _ = _policy_loss(policy, batch.select(rows), cfg.algo, 1.0, norm)
         loss.backward()
     return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
 

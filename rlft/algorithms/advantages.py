@@ -70,3 +70,116 @@ def grpo(inputs: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
     adv = group_normalized_scores(inputs.scores.float(), inputs.group_ids, cfg.norm_adv_by_std, cfg.adv_eps)
     adv = adv[:, None] * inputs.mask
     return adv, adv
+
+
+def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation over each response.
+
+    delta_t = r_t + gamma V_{t+1} - V_t and A_t = delta_t + gamma lam A_{t+1}, where V and A
+    past the last response token are 0.
+
+    Args:
+        token_rewards: (B, T) per-token rewards.
+        values: (B, T) critic values V_t.
+        mask: (B, T) response mask (each row's tokens are a prefix).
+        gamma: Discount.
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantages, returns)``, each (B, T), returns = advantages + values, zero outside the mask.
+    """
+    b, t_len = token_rewards.shape
+    adv = torch.zeros_like(token_rewards)
+    next_value = torch.zeros(b, dtype=token_rewards.dtype)
+    next_adv = torch.zeros(b, dtype=token_rewards.dtype)
+    for t in reversed(range(t_len)):
+        m = mask[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = a * m
+        next_value = values[:, t] * m
+        next_adv = a * m
+    returns = (adv + values) * mask
+    return adv, returns
+
+
+@ADV_ESTIMATORS.register("gae")
+def gae_estimator(inputs: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+    """PPO: GAE on per-token rewards and critic values, advantages whitened over the batch.
+
+    Args:
+        inputs: Uses ``token_rewards`` (B, T), ``values`` (B, T) and ``mask`` (B, T).
+        cfg: AlgoConfig; reads ``gamma``, ``lam`` and ``whiten_advantages``.
+
+    Returns:
+        ``(advantages, returns)``, each (B, T); returns are not whitened.
+    """
+    from rlft.algorithms.masked import masked_whiten
+
+    if inputs.token_rewards is None or inputs.values is None:
+        raise ValueError("the gae estimator needs token_rewards and values (a critic)")
+    adv, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, cfg.gamma, cfg.lam)
+    if cfg.whiten_advantages:
+        adv = masked_whiten(adv, inputs.mask)
+    return adv, returns
+
+
+def ppo_token_rewards(scores: Tensor, logp_old: Tensor, logp_ref: Tensor | None, mask: Tensor, kl_coef: float) -> Tensor:
+    """InstructGPT per-token reward: -kl_coef (logp_old - logp_ref) on every token, score added on the last.
+
+    Args:
+        scores: (B,) sequence rewards.
+        logp_old: (B, T) sampling-policy log-probs.
+        logp_ref: (B, T) reference log-probs (None: no KL term).
+        mask: (B, T) response mask (a prefix per row).
+        kl_coef: The KL penalty coefficient.
+
+    Returns:
+        (B, T) rewards, zero outside the mask.
+    """
+    rewards = torch.zeros_like(mask, dtype=torch.float32)
+    if logp_ref is not None and kl_coef != 0:
+        rewards = -kl_coef * (logp_old - logp_ref) * mask
+    last = (mask.sum(1).long() - 1).clamp(min=0)
+    has_tokens = mask.sum(1) > 0
+    rows = torch.arange(mask.shape[0])
+    rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens].to(rewards.dtype)
+    return rewards
+
+
+def soft_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
+    """DAPO's soft overlong punishment R_len(y), added to the reward.
+
+    0 if |y| <= L_max - L_cache; ((L_max - L_cache) - |y|) / L_cache up to L_max; -1 beyond.
+
+    Args:
+        lengths: (B,) completion lengths |y|.
+        max_len: L_max.
+        cache_len: L_cache (> 0).
+
+    Returns:
+        (B,) penalties in [-1, 0].
+    """
+    lengths = lengths.float()
+    free = max_len - cache_len
+    ramp = (free - lengths) / cache_len
+    out = torch.where(lengths <= free, torch.zeros_like(lengths), ramp)
+    return torch.where(lengths > max_len, torch.full_like(lengths, -1.0), out)
+
+
+def informative_groups(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """DAPO dynamic sampling: which groups have rewards that are not all equal.
+
+    Args:
+        scores: (B,) rewards.
+        group_ids: (B,) group labels.
+
+    Returns:
+        The sorted group labels whose members' rewards differ (0 < #correct < G).
+    """
+    keep = []
+    for g in torch.unique(group_ids):
+        s = scores[group_ids == g]
+        if s.numel() > 1 and bool((s != s[0]).any()):
+            keep.append(int(g))
+    return torch.tensor(keep, dtype=torch.long)

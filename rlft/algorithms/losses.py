@@ -48,3 +48,77 @@ def clipped_surrogate(
             "ratio/mean": masked_mean(ratio, mask),
         }
     return loss, metrics
+
+
+@POLICY_LOSSES.register("kl_penalty")
+def kl_penalty_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-Penalty: -(r A) + penalty_beta * KL(pi_old || pi_theta), KL per token as (r - 1) - log r.
+
+    Args:
+        logp, old_logp, advantages, mask: (B, T) as for ``clip``.
+        cfg: Reads ``penalty_beta`` (the current, adapted coefficient).
+
+    Returns:
+        Per-token loss (B, T) and detached metrics (``ratio/mean``, ``penalty_kl``).
+    """
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    kl = ratio - 1 - log_ratio
+    loss = -ratio * advantages + cfg.penalty_beta * kl
+    with torch.no_grad():
+        metrics = {"ratio/mean": masked_mean(ratio, mask), "penalty_kl": masked_mean(kl, mask)}
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: a sequence-level ratio s_i = exp(mean_t (logp - old_logp)), clipped per sequence.
+
+    Every token of sequence i carries -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i),
+    so a per-sequence mean over tokens (``seq-mean-token-mean``) gives GSPO's objective.
+
+    Args:
+        logp, old_logp, advantages, mask: (B, T); advantages are constant along each row.
+        cfg: Reads ``clip_eps_low`` and ``clip_eps_high``.
+
+    Returns:
+        Per-token loss (B, T) and detached metrics (``clip_frac/low``, ``clip_frac/high``, ``ratio/mean``).
+    """
+    n = mask.sum(1).clamp(min=1)
+    seq_ratio = torch.exp(((logp - old_logp) * mask).sum(1) / n)  # (B,)
+    seq_adv = (advantages * mask).sum(1) / n
+    lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
+    seq_loss = -torch.minimum(seq_ratio * seq_adv, torch.clamp(seq_ratio, lo, hi) * seq_adv)
+    loss = seq_loss[:, None].expand_as(logp)
+    with torch.no_grad():
+        rows = (mask.sum(1) > 0).float()
+        denom = rows.sum().clamp(min=1)
+        metrics = {
+            "clip_frac/low": (((seq_ratio < lo) & (seq_adv < 0)).float() * rows).sum() / denom,
+            "clip_frac/high": (((seq_ratio > hi) & (seq_adv > 0)).float() * rows).sum() / denom,
+            "ratio/mean": (seq_ratio * rows).sum() / denom,
+        }
+    return loss, metrics
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_eps: float) -> Tensor:
+    """PPO value loss per token: 0.5 max((V - R)^2, (clip(V, V_old - eps, V_old + eps) - R)^2).
+
+    Args:
+        values: (B, T) current critic values.
+        old_values: (B, T) values at rollout time.
+        returns: (B, T) GAE returns.
+        clip_eps: Value clip range (0 or less: no clipping).
+
+    Returns:
+        (B, T) per-token loss.
+    """
+    unclipped = (values - returns) ** 2
+    if clip_eps <= 0:
+        return 0.5 * unclipped
+    clipped = (old_values + torch.clamp(values - old_values, -clip_eps, clip_eps) - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped)

@@ -47,6 +47,9 @@ class Policy:
             yield self.ref_model
 
     def trainable_parameters(self) -> list[Tensor]:
+        """The policy's own trainable weights (under LoRA: the default adapter, not a critic's)."""
+        if self.lora:
+            return [p for n, p in self.model.named_parameters() if "lora_" in n and ".default." in n]
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def sampler_weights(self) -> Iterator[tuple[str, Tensor]]:

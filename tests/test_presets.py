@@ -1,0 +1,115 @@
+"""Each algorithm preset runs end to end on the tiny model, and each switch does what it says."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlft.config import compose
+from rlft.trainer import build_components, collect_rollout, prepare_batch, train_step
+from tests.conftest import TINY
+
+VARIED = ["reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]
+
+
+def _components(*overrides):
+    cfg, _, _ = compose(TINY + VARIED + list(overrides))
+    return cfg, build_components(cfg)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dapo", "ppo", "drgrpo", "gspo"])
+def test_preset_runs_two_steps(algo):
+    # A random model never ends within 8 tokens: DAPO's overlong filter would mask every row.
+    extra = ["algo.overlong_filter=false"] if algo == "dapo" else []
+    cfg, c = _components(f"algo={algo}", "optim.lr=1e-2", *extra)
+    before = [p.detach().clone() for p in c.policy.trainable_parameters()]
+    for step in (1, 2):
+        m = train_step(step, c, cfg)
+        assert m["update/skipped"] == 0.0 or algo == "dapo"
+        for k in ("loss", "entropy", "approx_kl", "grad_norm", "clip_frac/low", "clip_frac/high", "adv/mean"):
+            if m["update/skipped"] == 0.0:
+                assert math.isfinite(m[k]), k
+    after = c.policy.trainable_parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_ppo_trains_critic_and_logs_value_metrics():
+    # value_clip=0: with clipping, a value that left V_old +- eps gets no gradient, and A of a
+    # zero-initialised LoRA B would never move within one step.
+    cfg, c = _components("algo=ppo", "optim.lr=1e-2", "algo.critic_lr=1e-2", "algo.value_clip=0")
+    assert c.critic is not None and c.critic.adapter == "critic"
+    critic_before = [p.detach().clone() for p in c.critic.parameters()]
+    policy_ids = {id(p) for p in c.policy.trainable_parameters()}
+    assert not policy_ids & {id(p) for p in c.critic.parameters()}  # disjoint adapters
+    m = train_step(1, c, cfg)
+    for k in ("value_loss", "value/explained_var", "kl_coef", "kl/seq_ref"):
+        assert math.isfinite(m[k]), k
+    assert m["epochs_run"] == cfg.algo.ppo_epochs
+    moved = [not torch.equal(a, b) for a, b in zip(c.critic.parameters(), critic_before)]
+    assert all(moved)
+    assert m["kl_coef"] != cfg.algo.kl_reward_coef  # the adaptive controller moved it
+
+
+def test_ppo_early_stopping_cuts_epochs():
+    cfg, c = _components("algo=ppo", "algo.ppo_epochs=4", "algo.early_stop_kl=1e-12", "optim.lr=5e-2")
+    m = train_step(1, c, cfg)
+    assert m["epochs_run"] < 4
+
+
+def test_ppo_penalty_adapts_beta():
+    cfg, c = _components("algo=ppo", "algo.policy_loss=kl_penalty", "algo.penalty_target_kl=1.0", "optim.lr=1e-3")
+    m = train_step(1, c, cfg)
+    assert "penalty_kl_after" in m
+    assert m["penalty_beta"] == 0.5  # KL far below target / 1.5: halved
+
+
+def test_no_reference_pass_when_beta_is_zero():
+    cfg, c = _components("algo=dapo", "algo.dynamic_sampling=false", "algo.num_mini_batches=1")
+    r = collect_rollout(c, cfg)
+    prepare_batch(c, r.batch, cfg)
+    assert r.batch.ref_logp is None and r.batch.old_logp is None
+    cfg, c = _components("algo=grpo", "algo.beta=0.1")
+    r = collect_rollout(c, cfg)
+    prepare_batch(c, r.batch, cfg)
+    assert r.batch.ref_logp is not None
+
+
+def test_overlong_filter_masks_truncated_rows():
+    cfg, c = _components("algo=dapo", "algo.dynamic_sampling=false", "sampler.max_new_tokens=3", "algo.overlong_cache=2")
+    r = collect_rollout(c, cfg)
+    assert r.batch.truncated.any()  # a random model rarely says EOS within 3 tokens
+    prepare_batch(c, r.batch, cfg)
+    assert torch.all(r.batch.response_mask[r.batch.truncated] == 0)
+    assert torch.all(r.batch.response_mask[~r.batch.truncated].sum(1) > 0)
+    cfg, c = _components("algo=dapo", "algo.dynamic_sampling=false", "sampler.max_new_tokens=3", "algo.overlong_cache=2",
+                         "algo.overlong_filter=false")
+    r = collect_rollout(c, cfg)
+    prepare_batch(c, r.batch, cfg)
+    assert torch.all(r.batch.response_mask.sum(1) > 0)
+
+
+def test_overlong_penalty_enters_the_reward():
+    cfg, c = _components("algo=dapo", "algo.dynamic_sampling=false", "sampler.max_new_tokens=4",
+                         "algo.overlong_cache=2")
+    r = collect_rollout(c, cfg)
+    assert "reward/overlong_penalty" in r.metrics
+    lengths = r.batch.resp_len.float()
+    assert r.metrics["reward/overlong_penalty"] == pytest.approx(
+        float(torch.where(lengths <= 2, 0.0, (2 - lengths) / 2).mean()), abs=1e-6
+    )
+
+
+def test_dynamic_sampling_keeps_only_informative_groups_and_caps_rounds():
+    # math_correct alone on a random model: every group is all-wrong, so nothing is informative
+    cfg, _, _ = compose(TINY + ["algo=dapo", "algo.max_sampling_rounds=3"])
+    c = build_components(cfg)
+    m = train_step(1, c, cfg)
+    assert m["dynamic/rounds"] == 3 and m["dynamic/kept_frac"] == 0.0 and m["update/skipped"] == 1.0
+    assert c.cursor == 3
+    # char_count varies within groups: every group is kept in one round
+    cfg, c = _components("algo=dapo")
+    r = collect_rollout(c, cfg)
+    assert r.metrics["dynamic/rounds"] == 1 and r.metrics["dynamic/kept_frac"] == 1.0
+    assert len(torch.unique(r.batch.group_ids)) == cfg.trainer.num_prompts
