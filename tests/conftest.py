@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 TINY = [
+    "sampler=hf",
     "model=tiny",
     "trainer.steps=2",
     "trainer.num_prompts=2",

@@ -13,7 +13,7 @@ def test_defaults_compose_into_typed_config(compose_cfg):
     assert isinstance(cfg, Config)
     assert cfg.algo.name == "grpo" and cfg.algo.adv_estimator == "grpo"
     assert cfg.model.name == "smollm2_135m" and cfg.model.lora.enabled
-    assert cfg.sampler.name == "hf" and cfg.data.name == "arithmetic"
+    assert cfg.sampler.name == "auto" and cfg.data.name == "arithmetic"
 
 
 def test_overrides_reach_every_level(compose_cfg):
@@ -36,7 +36,7 @@ def test_conf_found_in_checkout():
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("algo=grpoo", "unknown algo 'grpoo'; valid choices: grpo"),
+        ("algo=grpoo", "unknown algo 'grpoo'; valid choices: dapo, drgrpo, grpo, gspo, ppo"),
         ("algo.bta=1", "unknown config key 'algo.bta': no 'bta' in 'algo'; valid keys: name, adv_estimator"),
         ("trainr.steps=1", "unknown config key 'trainr.steps': no 'trainr' in the top level; valid keys: algo"),
         ("trainer.steps=abc", "invalid value for 'trainer.steps'"),
@@ -59,7 +59,7 @@ def test_cli_config_error_exits_2_without_traceback(tmp_path):
     proc = run_cli(["train", "algo=grpoo"], cwd=tmp_path)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == ["rlft: error: unknown algo 'grpoo'; valid choices: grpo"]
+    assert lines == ["rlft: error: unknown algo 'grpoo'; valid choices: dapo, drgrpo, grpo, gspo, ppo"]
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
@@ -73,7 +73,7 @@ def test_cli_type_error_exits_2(tmp_path):
 def test_cli_help_lists_groups(tmp_path):
     proc = run_cli(["train", "--help"], cwd=tmp_path)
     assert proc.returncode == 0
-    assert "algo      grpo" in proc.stdout and "tiny" in proc.stdout
+    assert "algo      dapo, drgrpo, grpo, gspo, ppo" in proc.stdout and "tiny" in proc.stdout
 
 
 def test_cli_cfg_prints_resolved_config(tmp_path):

@@ -14,7 +14,7 @@ from tests.conftest import TINY
 def _sampler(dtype="fp32"):
     cfg, _, _ = compose(TINY + [f"model.dtype={dtype}"])
     policy, copy = build_policy(cfg.model, 0, need_reference=False)
-    return build_sampler(cfg.sampler, copy, policy.tokenizer, 0), policy.tokenizer
+    return build_sampler(cfg.sampler, cfg.model, copy, policy.tokenizer, 0), policy.tokenizer
 
 
 def test_greedy_matches_transformers_generate():

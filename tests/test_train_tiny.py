@@ -61,7 +61,7 @@ def test_sampler_weights_follow_the_policy(tmp_path):
     from rlft.rollout import build_sampler
 
     policy, copy = build_policy(cfg.model, 0, need_reference=True)
-    sampler = build_sampler(cfg.sampler, copy, policy.tokenizer, 0)
+    sampler = build_sampler(cfg.sampler, cfg.model, copy, policy.tokenizer, 0)
     with torch.no_grad():
         for name, p in policy.model.named_parameters():
             if "lora_B" in name:

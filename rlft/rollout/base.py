@@ -52,10 +52,51 @@ class Sampler(Protocol):
         ...
 
 
-def build_sampler(cfg: Any, model: Any, tokenizer: Any, seed: int) -> Sampler:
-    """The backend named by ``cfg.name`` (SamplerConfig), owning ``model`` for generation."""
-    if cfg.name == "hf":
+def resolve_name(name: str) -> str:
+    """``auto`` becomes vllm when it is installed, else hf."""
+    if name != "auto":
+        return name
+    from rlft.rollout.vllm import vllm_available
+
+    return "vllm" if vllm_available() else "hf"
+
+
+def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: int) -> Sampler:
+    """The backend named by ``cfg.name`` (SamplerConfig).
+
+    Args:
+        cfg: SamplerConfig.
+        model_cfg: ModelConfig (where vLLM loads the weights from).
+        model: A plain copy of the base model in the compute dtype (hf owns it; vllm saves it
+            to a temporary directory only when the weights exist nowhere on disk).
+        tokenizer: The policy's tokenizer.
+        seed: Sampling seed.
+    """
+    name = resolve_name(cfg.name)
+    if name == "hf":
         from rlft.rollout.hf import HFSampler
 
         return HFSampler(model, tokenizer, seed)
-    raise ValueError(f"sampler.name='{cfg.name}'; valid choices: hf")
+    if name == "vllm":
+        from rlft.rollout.vllm import VLLMSampler
+
+        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, tokenizer.eos_token_id)
+    raise ValueError(f"sampler.name='{cfg.name}'; valid choices: auto, hf, vllm")
+
+
+def _model_dir(model_cfg: Any, model: Any, tokenizer: Any) -> str:
+    if model_cfg.source == "path":
+        return str(model_cfg.path)
+    if model_cfg.source == "smollm2_gguf":
+        from rlft.models.loading import smollm2_dir
+
+        return str(smollm2_dir())
+    import atexit
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="rlft-vllm-model-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    return tmp

