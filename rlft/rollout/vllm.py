@@ -43,6 +43,7 @@ class VLLMSampler:
 
     def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, eos_id: int):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # our console shows the progress
         from vllm import LLM
 
         v = cfg.vllm
