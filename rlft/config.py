@@ -154,6 +154,8 @@ class VLLMConfig:
     """Reuse the KV cache of shared prompt prefixes (the n samples of a prompt); reset at each sync."""
     sleep: bool = True
     """GPU only: put the engine to sleep while the learner runs, freeing its memory."""
+    enforce_eager: bool | None = None
+    """Skip vLLM's graph compilation (None: skip on CPU, where compiling took ~80 s for ~15% faster decoding)."""
 
 
 @dataclass

@@ -104,11 +104,15 @@ class _Round:
     task_scores: Tensor
     scores: Tensor
     per_fn: dict[str, list[float]]
+    generate_s: float
+    reward_s: float
 
 
 def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any) -> _Round:
     prompts = [prompt_ids(tokenizer, p.prompt, cfg.data.system_prompt) for p in problems]
+    t0 = time.perf_counter()
     gens = sampler.generate(prompts, sampling_params(cfg))
+    t1 = time.perf_counter()
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     samples = [
         Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut)
@@ -123,7 +127,7 @@ def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg
         penalty = soft_overlong_penalty(lengths, cfg.sampler.max_new_tokens, a.overlong_cache)
         scores = task_scores + a.overlong_penalty_factor * penalty
         per_fn["overlong_penalty"] = penalty.tolist()
-    return _Round(prompts, gens, task_scores, scores, per_fn)
+    return _Round(prompts, gens, task_scores, scores, per_fn, t1 - t0, time.perf_counter() - t1)
 
 
 def collect_rollout(c: Components, cfg: Any) -> Rollout:
@@ -132,7 +136,6 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
     a, want = cfg.algo, cfg.trainer.num_prompts
     rows: list[tuple[list[int], list[int], bool, float, int, list[float] | None]] = []
     seen: list[_Round] = []
-    t0 = time.perf_counter()
     kept = 0
     while True:
         problems = c.task.batch(c.cursor, want)
@@ -150,8 +153,7 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
             kept += 1
         if not a.dynamic_sampling or kept == want or len(seen) >= a.max_sampling_rounds:
             break
-    elapsed = time.perf_counter() - t0
-    metrics = _rollout_metrics(seen, elapsed)
+    metrics = _rollout_metrics(seen)
     if a.dynamic_sampling:
         sampled = len(seen) * want
         metrics.update({"dynamic/rounds": float(len(seen)), "dynamic/kept_frac": float(kept) / sampled,
@@ -171,7 +173,7 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
     return Rollout(batch, metrics)
 
 
-def _rollout_metrics(rounds: list[_Round], elapsed: float) -> dict[str, float]:
+def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
     """Over every completion sampled this step (kept or not)."""
     scores = torch.cat([r.scores for r in rounds])
     lengths = [len(x) for r in rounds for x in r.gens.completion_ids]
@@ -182,8 +184,9 @@ def _rollout_metrics(rounds: list[_Round], elapsed: float) -> dict[str, float]:
         "tokens/generated": tokens,
         "response/mean_length": tokens / len(lengths),
         "response/truncated_frac": float(np.mean([t for r in rounds for t in r.gens.truncated])),
-        "time/generate_s": elapsed,
-        "throughput/tokens_per_s": tokens / max(elapsed, 1e-9),
+        "time/generate_s": sum(r.generate_s for r in rounds),
+        "time/reward_s": sum(r.reward_s for r in rounds),
+        "throughput/tokens_per_s": tokens / max(sum(r.generate_s for r in rounds), 1e-9),
     }
     for name in rounds[0].per_fn:
         out[f"reward/{name}"] = float(np.mean([v for r in rounds for v in r.per_fn[name]]))

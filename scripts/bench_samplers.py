@@ -39,7 +39,7 @@ def main() -> int:
         runs[name] = {"cfg": cfg, "c": c, "setup": time.perf_counter() - t0, "steps": []}
         train_step(1, c, cfg)  # warm-up
     for step in range(2, args.steps + 2):
-        for name, r in runs.items():  # alternate: same prompts (same step index), same noise
+        for r in runs.values():  # alternate: same prompts (same step index), same noise
             r["steps"].append(train_step(step, r["c"], r["cfg"]))
 
     def mean(name: str, key: str) -> float:

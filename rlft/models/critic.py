@@ -67,7 +67,9 @@ def build_critic(policy: Policy, cfg: Any, seed: int) -> Critic:
     with torch.random.fork_rng():
         torch.manual_seed(seed + 1)
         head = nn.Linear(hidden, 1)
-        nn.init.normal_(head.weight, std=1.0 / (hidden + 1) ** 0.5)
+        # V starts at 0: a random head gives values far from the returns, and whitened GAE
+        # advantages would then be mostly critic noise in the first updates.
+        nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
         if policy.lora:
             from peft import LoraConfig

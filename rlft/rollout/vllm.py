@@ -43,7 +43,7 @@ class VLLMSampler:
 
     def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, eos_id: int):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # our console shows the progress
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our console shows the progress
         from vllm import LLM
 
         v = cfg.vllm
@@ -57,6 +57,7 @@ class VLLMSampler:
             tensor_parallel_size=v.tensor_parallel_size,
             enable_prefix_caching=v.prefix_caching,
             enable_sleep_mode=self.sleep_between,
+            enforce_eager=(not self.on_gpu) if v.enforce_eager is None else v.enforce_eager,
             logprobs_mode="processed_logprobs",  # log-probs after temperature, like the learner's
             seed=seed,
         )
