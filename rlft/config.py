@@ -93,6 +93,12 @@ class AlgoConfig:
     def uses_critic(self) -> bool:
         return self.adv_estimator == "gae"
 
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term to the reference in the loss, or in PPO's reward (the adaptive coefficient
+        only scales kl_reward_coef, so it stays 0 when it starts at 0)."""
+        return self.beta > 0 or (self.uses_critic and self.kl_reward_coef > 0)
+
 
 @dataclass
 class LoraConfig:

@@ -56,8 +56,7 @@ def build_components(cfg: Any) -> Components:
     for name in cfg.reward.fns:  # fail on a bad reward name before loading the model
         resolve_reward(name)
     a = cfg.algo
-    need_ref = a.beta > 0 or (a.uses_critic and a.kl_reward_coef > 0)
-    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=need_ref)
+    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference)
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
@@ -203,7 +202,7 @@ def prepare_batch(c: Components, batch: RolloutBatch, cfg: Any) -> dict[str, flo
     # With a single update per rollout the ratio is exp(logp - logp.detach()): no old pass needed.
     if a.ppo_epochs > 1 or a.num_mini_batches > 1 or a.uses_critic:
         batch.old_logp = batch_logprobs(policy, policy.model, batch, temp, micro)
-    if a.beta > 0 or (a.uses_critic and c.state.kl_coef > 0):
+    if a.needs_reference:
         with policy.reference() as ref:
             batch.ref_logp = batch_logprobs(policy, ref, batch, temp, micro)
     token_rewards = None
