@@ -1,28 +1,162 @@
-"""Checkpoints: trainable weights as safetensors plus a JSON state, written atomically."""
+"""Checkpoint directories on disk: atomic writes, completeness checks, discovery and pruning.
+
+A checkpoint is ``checkpoints/step_NNNNNN/`` holding safetensors files, JSON files and a
+``manifest.json`` written last that lists every file with its size. It is assembled in a
+hidden temporary directory, fsynced, then renamed into place, so a process killed at any
+moment leaves either a complete checkpoint or nothing that :func:`latest_checkpoint` would
+return. Nothing here unpickles: tensors are safetensors, everything else is JSON.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file, save_file
+from torch import Tensor
 
-def save_checkpoint(run_dir: Path, step: int, policy: Any, state: dict[str, Any]) -> Path:
-    """Write ``checkpoints/step_NNNNNN`` in ``run_dir``; the directory appears complete or not at all.
+MANIFEST = "manifest.json"
+STATE = "trainer_state.json"
+_NAME = re.compile(r"^step_(\d{6,})$")
+# Tests kill the process inside a write: this many seconds pass between the first file and the manifest.
+FAULT_DELAY_ENV = "RLFT_FAULT_SAVE_DELAY"
 
-    Under LoRA the adapter is saved in peft's format (loadable with PeftModel.from_pretrained);
-    under full fine-tuning, a full HF model directory.
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the CLI prints it on one line."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def write_checkpoint(
+    root: Path, step: int, tensors: dict[str, dict[str, Tensor]], jsons: dict[str, Any],
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write ``root/step_NNNNNN`` atomically.
+
+    Args:
+        root: The run's ``checkpoints`` directory (created if needed).
+        step: Training step the checkpoint captures.
+        tensors: ``{file name: {tensor name: tensor}}``, each saved as a safetensors file.
+        jsons: ``{file name: object}``, each saved as JSON (or as text when the object is a str).
+        extra: Writes more files into the directory (e.g. a peft adapter), before the manifest.
+
+    Returns:
+        The final checkpoint directory.
     """
-    root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-    policy.model.save_pretrained(tmp)  # safetensors; handles tied embeddings
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    for i, (name, tensor_dict) in enumerate(tensors.items()):
+        save_file({k: v.detach().contiguous() for k, v in tensor_dict.items()}, str(tmp / name))
+        if i == 0 and os.environ.get(FAULT_DELAY_ENV):
+            time.sleep(float(os.environ[FAULT_DELAY_ENV]))
+    for name, obj in jsons.items():
+        (tmp / name).write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=1))
+    if extra is not None:
+        extra(tmp)
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    manifest = {"step": step, "files": {str(p.relative_to(tmp)): p.stat().st_size for p in files}}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    for p in [*files, tmp / MANIFEST]:
+        _fsync(p)
+    _fsync(tmp)
+    if final.exists():  # re-saving a step: swap, so some complete copy is always in place
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync(root)
     return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_complete(path: Path) -> bool:
+    """The manifest exists and every file it lists is there with its recorded size."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        return all((path / f).stat().st_size == size for f, size in manifest["files"].items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None and is_complete(p)]
+    return sorted(found, key=lambda p: checkpoint_step(p) or 0)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir / "checkpoints")
+    return found[-1] if found else None
+
+
+def prune(root: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints, and leftovers of killed writes."""
+    removed = []
+    for p in root.iterdir() if root.is_dir() else []:
+        if p.name.startswith((".tmp-", ".old-")) and not p.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(p, ignore_errors=True)
+    if keep_last > 0:
+        for p in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(p)
+            removed.append(p)
+    return removed
+
+
+def resolve(spec: str, run_dir: Path) -> Path | None:
+    """``trainer.resume``: '' (fresh), 'auto' (newest in run_dir, or fresh), or a checkpoint or run directory.
+
+    Raises:
+        CheckpointError: PATH does not exist or holds no complete checkpoint.
+    """
+    if spec in ("", "none", "None"):
+        return None
+    if spec == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"trainer.resume={spec}: no such checkpoint or run directory")
+    if checkpoint_step(path) is not None:
+        if not is_complete(path):
+            raise CheckpointError(f"trainer.resume={spec}: checkpoint is incomplete (its write was interrupted)")
+        return path
+    found = latest_checkpoint(path) or (list_checkpoints(path)[-1:] or [None])[0]
+    if found is None:
+        raise CheckpointError(f"trainer.resume={spec}: no complete checkpoint in this directory")
+    return found
+
+
+def read_tensors(path: Path, name: str) -> dict[str, Tensor]:
+    return load_file(str(path / name))
+
+
+def read_json(path: Path, name: str) -> Any:
+    return json.loads((path / name).read_text())

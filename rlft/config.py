@@ -248,6 +248,11 @@ class TrainerConfig:
     """Evaluate before the first update, as the baseline."""
     save_every: int = 0
     """Write a checkpoint every N steps (0: only the final one)."""
+    keep_last: int = 0
+    """Keep only the newest K checkpoints (0: keep all)."""
+    resume: str = ""
+    """'' starts fresh; auto continues from the newest complete checkpoint in the run directory
+    (fresh if none); a path continues from that checkpoint (or the newest one in that run directory)."""
     threads: int = 0
     """torch intra-op threads (0: torch's default)."""
 
@@ -508,6 +513,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data=jsonl needs data.path=FILE")
     if cfg.optim.schedule not in ("constant", "linear", "cosine"):
         raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
+    if t.keep_last < 0 or t.save_every < 0:
+        raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
     if cfg.sampler.name == "vllm":

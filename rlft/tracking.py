@@ -25,7 +25,8 @@ _CONSOLE_KEYS = [
 class Tracker:
     """Writes each step's metrics everywhere they go."""
 
-    def __init__(self, run_dir: Path, cfg: Any, total_steps: int, console: bool, resolved: dict | None = None):
+    def __init__(self, run_dir: Path, cfg: Any, total_steps: int, console: bool, resolved: dict | None = None,
+                 start_step: int = 0):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.log = logging.getLogger("rlft")
@@ -38,7 +39,7 @@ class Tracker:
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False,
         )
-        self.task = self.progress.add_task("train", total=total_steps)
+        self.task = self.progress.add_task("train", total=total_steps, completed=start_step)
         self.progress.start()
         self.wandb = None
         if cfg.logger.wandb.enabled:
@@ -47,6 +48,7 @@ class Tracker:
             w = cfg.logger.wandb
             self.wandb = wandb.init(
                 project=w.project, entity=w.entity, mode=w.mode, dir=str(run_dir), config=resolved or {},
+                id=_wandb_id(run_dir), resume="allow",  # a resumed run continues the same wandb run
             )
 
     def info(self, message: str) -> None:
@@ -76,3 +78,34 @@ class Tracker:
 def _jsonable(v: Any) -> Any:
     v = float(v)
     return v if math.isfinite(v) else str(v)
+
+
+def _wandb_id(run_dir: Path) -> str:
+    path = run_dir / "wandb_id.txt"
+    if not path.exists():
+        import uuid
+
+        path.write_text(uuid.uuid4().hex[:12])
+    return path.read_text().strip()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl; a line cut short by a killed process is skipped."""
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def keep_metrics_through(path: Path, step: int, source: Path | None = None) -> None:
+    """Before resuming at ``step``: keep the records up to it (from ``source`` when the checkpoint
+    came from another run) and drop the ones logged after it, so no step appears twice."""
+    records = read_metrics(source if source is not None and source.exists() else path)
+    kept = [r for r in records if r.get("step", 0) <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)

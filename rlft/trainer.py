@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,8 @@ from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageInputs, mask
 from rlft.algorithms.advantages import informative_groups, ppo_token_rewards, soft_overlong_penalty
 from rlft.algorithms.kl_control import adaptive_kl_coef, penalty_beta_update
 from rlft.batch import RolloutBatch, pack
-from rlft.checkpoint import save_checkpoint
+from rlft import checkpoint as ckpt
+from rlft import run_state
 from rlft.data import Problem, build_task
 from rlft.data.chat import prompt_ids
 from rlft.evaluation import evaluate
@@ -27,7 +30,8 @@ from rlft.models.critic import Critic, build_critic
 from rlft.rewards import resolve_reward, score_samples
 from rlft.rewards.registry import Sample
 from rlft.rollout import Generations, Sampler, SamplingParams, build_sampler
-from rlft.tracking import Tracker
+from rlft.plots import plot_run
+from rlft.tracking import Tracker, keep_metrics_through
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Components:
     critic: Critic | None = None
     cursor: int = 0
     """Training batches drawn so far (dynamic sampling draws several per step)."""
+    dirty: bool = False
+    """The weights are mid-step: updated but the step not yet logged."""
 
 
 def build_components(cfg: Any) -> Components:
@@ -89,10 +95,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def sampling_params(cfg: Any) -> SamplingParams:
+def sampling_params(cfg: Any, cursor: int) -> SamplingParams:
+    """The rollout's sampling settings; the seed depends only on the run seed and the data position."""
     s = cfg.sampler
     return SamplingParams(
-        n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
+        n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+        seed=(cfg.seed * 1_000_003 + cursor) % 2**31,
     )
 
 
@@ -107,10 +115,10 @@ class _Round:
     reward_s: float
 
 
-def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any) -> _Round:
+def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any, cursor: int) -> _Round:
     prompts = [prompt_ids(tokenizer, p.prompt, cfg.data.system_prompt) for p in problems]
     t0 = time.perf_counter()
-    gens = sampler.generate(prompts, sampling_params(cfg))
+    gens = sampler.generate(prompts, sampling_params(cfg, cursor))
     t1 = time.perf_counter()
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     samples = [
@@ -138,8 +146,8 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
     kept = 0
     while True:
         problems = c.task.batch(c.cursor, want)
+        r = _sample_round(c.sampler, c.policy.tokenizer, problems, cfg, c.cursor)
         c.cursor += 1
-        r = _sample_round(c.sampler, c.policy.tokenizer, problems, cfg)
         seen.append(r)
         group_ids = torch.tensor(r.gens.prompt_index)
         groups = informative_groups(r.task_scores, group_ids) if a.dynamic_sampling else torch.unique(group_ids)
@@ -255,44 +263,124 @@ def adapt_coefficients(c: Components, batch: RolloutBatch, cfg: Any, metrics: di
 
 
 def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str, float]:
-    """Run a full training job; returns the last step's metrics (with the last eval)."""
+    """Run a full training job (or continue one, per ``trainer.resume``); returns the last step's metrics."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if resolved_yaml is not None:
-        (run_dir / "config.yaml").write_text(resolved_yaml)
+    resolved_yaml = resolved_yaml if resolved_yaml is not None else _to_yaml(cfg)
+    resume = ckpt.resolve(cfg.trainer.resume, run_dir)
+    harmless = run_state.check_compatible(resume, resolved_yaml) if resume is not None else []
+    if resume is None:
+        _check_fresh(run_dir, cfg.trainer.resume)
+        keep_metrics_through(run_dir / "metrics.jsonl", -1)
+    (run_dir / "config.yaml").write_text(resolved_yaml)
     c = build_components(cfg)
-    tok, policy = c.policy.tokenizer, c.policy
-    tracker = Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, _as_dict(resolved_yaml))
-    tracker.info(
-        f"run dir {run_dir} | algo {cfg.algo.name} | model {cfg.model.name} "
-        f"({f'LoRA r={cfg.model.lora.r}' if policy.lora else 'full'}) | "
-        f"{cfg.trainer.num_prompts} prompts x {cfg.sampler.n} samples | {len(c.task.eval_problems)} eval problems"
-    )
-    last: dict[str, float] = {}
-    step = 0
-    try:
-        if cfg.trainer.eval_at_start:
-            last = evaluate(c.sampler, tok, c.task.eval_problems, cfg)
-            tracker.log_step(0, last)
-        for step in range(1, cfg.trainer.steps + 1):
-            last = train_step(step, c, cfg)
-            every = cfg.trainer.eval_every
-            if step == cfg.trainer.steps or (every > 0 and step % every == 0):
-                t0 = time.perf_counter()
-                last.update(evaluate(c.sampler, tok, c.task.eval_problems, cfg))
-                last["time/eval_s"] = time.perf_counter() - t0
-            tracker.log_step(step, last)
-            if cfg.trainer.save_every > 0 and step % cfg.trainer.save_every == 0 and step < cfg.trainer.steps:
-                save_checkpoint(run_dir, step, policy, {"metrics": last})
-    except BaseException:
-        if step > 1:  # keep the work done so far
-            path = save_checkpoint(run_dir, step - 1, policy, {"interrupted": True})
-            tracker.info(f"stopped at step {step}; saved {path}")
-        tracker.close()
-        raise
-    path = save_checkpoint(run_dir, cfg.trainer.steps, policy, {"metrics": last})
+    start, last = 0, {}
+    if resume is not None:
+        saved = run_state.restore(c, resume)
+        start, last = int(saved["step"]), saved.get("metrics", {})
+        c.sampler.load_weights(c.policy.sampler_weights())
+        keep_metrics_through(run_dir / "metrics.jsonl", start, resume.parent.parent / "metrics.jsonl")
+    tracker = Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, _as_dict(resolved_yaml), start)
+    _announce(tracker, c, cfg, run_dir, resume, harmless)
+    saved_step = start if resume is not None else -1
+    done, cursor = start, c.cursor
+    with GracefulStop(tracker) as stop:
+        try:
+            if cfg.trainer.eval_at_start and resume is None:
+                last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg)
+                tracker.log_step(0, last)
+            for step in range(start + 1, cfg.trainer.steps + 1):
+                cursor = c.cursor
+                last = train_step(step, c, cfg)
+                _maybe_evaluate(step, c, cfg, last)
+                tracker.log_step(step, last)
+                done, c.dirty = step, False
+                every = cfg.trainer.save_every
+                if step < cfg.trainer.steps and (stop.requested or (every > 0 and step % every == 0)):
+                    run_state.save(c, run_dir, step, resolved_yaml, cfg.trainer.keep_last, last)
+                    saved_step = step
+                if stop.requested and step < cfg.trainer.steps:
+                    raise KeyboardInterrupt
+        except BaseException:
+            _save_on_failure(c, run_dir, resolved_yaml, cfg, tracker, done, saved_step, cursor)
+            tracker.close()
+            raise
+    path = run_state.save(c, run_dir, cfg.trainer.steps, resolved_yaml, cfg.trainer.keep_last, last) \
+        if cfg.trainer.steps > start else resume
     tracker.info(f"done: final checkpoint {path}")
     tracker.close()
+    plot_run(run_dir)
     return last
+
+
+def _check_fresh(run_dir: Path, spec: str) -> None:
+    """A fresh start must not bury an earlier run's checkpoints under new ones."""
+    found = ckpt.latest_checkpoint(run_dir)
+    if found is not None and spec != "auto":
+        raise ckpt.CheckpointError(
+            f"{run_dir} already holds checkpoints (newest: {found.name}): pass trainer.resume=auto to continue "
+            "that run, or choose another hydra.run.dir"
+        )
+
+
+def _maybe_evaluate(step: int, c: Components, cfg: Any, metrics: dict[str, float]) -> None:
+    every = cfg.trainer.eval_every
+    if step == cfg.trainer.steps or (every > 0 and step % every == 0):
+        t0 = time.perf_counter()
+        metrics.update(evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg))
+        metrics["time/eval_s"] = time.perf_counter() - t0
+
+
+def _announce(tracker: Tracker, c: Components, cfg: Any, run_dir: Path, resume: Path | None,
+              harmless: list[str]) -> None:
+    tracker.info(
+        f"run dir {run_dir} | algo {cfg.algo.name} | model {cfg.model.name} "
+        f"({f'LoRA r={cfg.model.lora.r}' if c.policy.lora else 'full'}) | "
+        f"{cfg.trainer.num_prompts} prompts x {cfg.sampler.n} samples | {len(c.task.eval_problems)} eval problems"
+    )
+    if resume is not None:
+        tracker.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
+
+
+def _save_on_failure(c: Components, run_dir: Path, resolved_yaml: str, cfg: Any, tracker: Tracker, done: int,
+                     saved_step: int, cursor_before: int) -> None:
+    """Keep the work done so far when a step fails before touching the weights (e.g. a reward error).
+
+    A failure during the update leaves the weights half-way through a step; nothing consistent
+    can be saved then, and the newest checkpoint stays the place to resume from.
+    """
+    if done <= saved_step or done == 0:
+        return
+    if c.dirty:
+        tracker.info(f"stopped inside step {done + 1}'s update; resume from the last checkpoint (step {saved_step})")
+        return
+    c.cursor = cursor_before  # the failed step's data is drawn again on resume
+    path = run_state.save(c, run_dir, done, resolved_yaml, cfg.trainer.keep_last)
+    tracker.info(f"stopped after step {done}; saved {path} (resume with trainer.resume=auto)")
+
+
+class GracefulStop:
+    """The first Ctrl-C (or SIGTERM) finishes the current step, checkpoints and stops; a second one aborts."""
+
+    def __init__(self, tracker: Tracker):
+        self.tracker = tracker
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.tracker.info("stopping after this step and saving a checkpoint (Ctrl-C again to abort now)")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
@@ -310,6 +398,7 @@ def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
     metrics.update(prepare_batch(c, rollout.batch, cfg))
     c.policy.model.train()
     t0 = time.perf_counter()
+    c.dirty = True  # from here until the step is logged, the weights belong to no step
     metrics.update(update_policy(c.policy, c.optimizer, c.scheduler, rollout.batch, cfg, c.shuffle, c.critic,
                                  c.state.penalty_beta))
     adapt_coefficients(c, rollout.batch, cfg, metrics)
@@ -329,6 +418,12 @@ def _quiet_libraries() -> None:
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
+
+
+def _to_yaml(cfg: Any) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def _as_dict(resolved_yaml: str | None) -> dict:

@@ -19,6 +19,9 @@ class SamplingParams:
     max_new_tokens: int = 32
     greedy: bool = False
     """Argmax decoding (ignores temperature/top_p/top_k)."""
+    seed: int | None = None
+    """Seeds this call's sampling (None: continue the sampler's own random stream). The trainer
+    derives it from the run seed and the data position, so a resumed run samples the same tokens."""
 
 
 @dataclass

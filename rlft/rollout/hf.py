@@ -62,6 +62,8 @@ class HFSampler:
         index = [i for i in range(len(prompts)) for _ in range(params.n)]
         completions: list[list[int]] = []
         truncated: list[bool] = []
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
         for start in range(0, len(rows), self.max_batch):
             out, cut = self._decode(rows[start : start + self.max_batch], params)
             completions += out

@@ -78,6 +78,7 @@ class VLLMSampler:
             max_tokens=params.max_new_tokens,
             logprobs=0,  # the sampled token's own log-prob
             detokenize=False,
+            seed=params.seed,
         )
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
         index, completions, truncated, logprobs = [], [], [], []

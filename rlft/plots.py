@@ -1,0 +1,50 @@
+"""PNG plots of a run's reward and eval accuracy, and of a sweep's jobs side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlft.tracking import read_metrics
+
+PANELS = (("reward/mean", "reward (train batch mean)"), ("eval/accuracy", "eval accuracy (greedy)"))
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display here
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
+    for ax, (key, label) in zip(axes, PANELS):
+        for name, records in runs.items():
+            x, y = _series(records, key)
+            if x:
+                ax.plot(x, y, marker="o" if len(x) < 20 else None, markersize=3, label=name)
+        ax.set_xlabel("step")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    if len(runs) > 1:
+        axes[-1].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_run(run_dir: Path) -> Path:
+    """``run_dir/plots.png``: reward and eval accuracy against step, from metrics.jsonl."""
+    return _figure({run_dir.name: read_metrics(run_dir / "metrics.jsonl")}, str(run_dir), run_dir / "plots.png")
+
+
+def plot_sweep(job_dirs: dict[str, Path], out: Path) -> Path:
+    """One line per job on each panel."""
+    runs = {name: read_metrics(d / "metrics.jsonl") for name, d in job_dirs.items()}
+    return _figure(runs, out.parent.name, out)
