@@ -131,7 +131,7 @@ def prune(root: Path, keep_last: int) -> list[Path]:
     return removed
 
 
-def resolve(spec: str, run_dir: Path) -> Path | None:
+def resolve(spec: str, run_dir: Path, label: str = "trainer.resume=") -> Path | None:
     """``trainer.resume``: '' (fresh), 'auto' (newest in run_dir, or fresh), or a checkpoint or run directory.
 
     Raises:
@@ -143,14 +143,14 @@ def resolve(spec: str, run_dir: Path) -> Path | None:
         return latest_checkpoint(run_dir)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise CheckpointError(f"trainer.resume={spec}: no such checkpoint or run directory")
+        raise CheckpointError(f"{label}{spec}: no such checkpoint or run directory")
     if checkpoint_step(path) is not None:
         if not is_complete(path):
-            raise CheckpointError(f"trainer.resume={spec}: checkpoint is incomplete (its write was interrupted)")
+            raise CheckpointError(f"{label}{spec}: checkpoint is incomplete (its write was interrupted)")
         return path
     found = latest_checkpoint(path) or (list_checkpoints(path)[-1:] or [None])[0]
     if found is None:
-        raise CheckpointError(f"trainer.resume={spec}: no complete checkpoint in this directory")
+        raise CheckpointError(f"{label}{spec}: no complete checkpoint in this directory")
     return found
 
 

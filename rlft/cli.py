@@ -15,6 +15,8 @@ Fine-tune a language model with RL from the configs in conf/.
   rlft train algo=grpo trainer.steps=20       pick a group option, override any key
   rlft train model=tiny sampler.n=4           fast random-weight model
   rlft train hydra.run.dir=runs/exp1          choose the run directory
+  rlft train hydra.run.dir=runs/exp1 trainer.resume=auto     continue a stopped run
+  rlft train -m algo=grpo,dapo seed=0,1       sweep: every combination, then a summary
 
 Config groups (GROUP=OPTION):
 {groups}
@@ -36,6 +38,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("overrides", nargs="*", help="Hydra-style overrides, e.g. algo=grpo trainer.steps=10")
     train.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
+    train.add_argument("-m", "--multirun", action="store_true",
+                       help="sweep: run every combination of comma-separated values (a,b), one job after another")
+    export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
+    export.add_argument("checkpoint", help="a checkpoints/step_NNNNNN directory, or a run directory (newest)")
+    export.add_argument("out_dir", help="new output directory")
+    export.add_argument("--adapter-only", action="store_true", help="write the peft LoRA adapter, not merged weights")
+    ev = sub.add_parser("eval", help="greedy accuracy and pass@k on held-out problems",
+                        usage="rlft eval [CHECKPOINT] [KEY=VALUE ...] [--samples N] [--out FILE]")
+    ev.add_argument("args", nargs="*", help="an optional checkpoint or run directory, then overrides (base model "
+                    "without one: rlft eval model=smollm2_135m)")
+    ev.add_argument("--samples", type=int, default=8, help="sampled completions per problem for pass@k (0: greedy only)")
+    ev.add_argument("--data", help="a JSONL file of held-out problems (default: the task's held-out split)")
+    ev.add_argument("--out", default="eval.json", help="where to write the results as JSON")
     return parser
 
 
@@ -58,6 +73,7 @@ def cmd_train(overrides: list[str], show_cfg: bool) -> int:
         print(resolved, end="")
         return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rlft.checkpoint import CheckpointError
     from rlft.data import DataError
     from rlft.models import ModelError
     from rlft.rewards import RewardError
@@ -65,21 +81,91 @@ def cmd_train(overrides: list[str], show_cfg: bool) -> int:
 
     try:
         train(cfg, Path(run_dir), resolved)
-    except (DataError, ModelError, ConfigError) as e:
+    except (DataError, ModelError, ConfigError, CheckpointError) as e:
         return fail(str(e))
     except RewardError as e:
         return fail(str(e), 1)
     except KeyboardInterrupt:
-        return fail("interrupted", 130)
+        return fail(f"interrupted; continue with: rlft train ... hydra.run.dir={run_dir} trainer.resume=auto", 130)
     return 0
+
+
+def cmd_export(checkpoint: str, out_dir: str, adapter_only: bool) -> int:
+    from rlft.checkpoint import CheckpointError
+    from rlft.config import ConfigError
+    from rlft.export import export
+    from rlft.models import ModelError
+
+    try:
+        used = export(checkpoint, Path(out_dir), adapter_only)
+    except (CheckpointError, ConfigError, ModelError) as e:
+        return fail(str(e))
+    print(f"exported {used} -> {out_dir}" + (" (adapter only)" if adapter_only else " (merged model)"))
+    return 0
+
+
+def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
+    from rlft.checkpoint import CheckpointError
+    from rlft.config import ConfigError, compose
+    from rlft.data import DataError
+    from rlft.evaluation import run_eval, write_result
+    from rlft.export import checkpoint_config, find_checkpoint
+    from rlft.models import ModelError
+    from rlft.rewards import RewardError
+
+    path, overrides = None, list(args)
+    if overrides and ("=" not in overrides[0] or Path(overrides[0]).exists()):
+        path = overrides.pop(0)
+    if data:
+        overrides += ["data=jsonl", f"data.path={data}", f"data.eval_path={data}"]
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        checkpoint = find_checkpoint(path) if path else None
+        cfg = checkpoint_config(checkpoint, overrides) if checkpoint else compose(overrides)[0]
+        result = run_eval(cfg, checkpoint, samples)
+    except (CheckpointError, ConfigError, ModelError, DataError) as e:
+        return fail(str(e))
+    except RewardError as e:
+        return fail(str(e), 1)
+    write_result(result, Path(out))
+    _print_result(result, out)
+    return 0
+
+
+def _print_result(result: dict, out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result['model']}: {result['problems']} problems")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        if k.startswith("eval/"):
+            table.add_row(k.removeprefix("eval/"), f"{v:.4f}")
+    Console().print(table)
+    print(f"wrote {out}")
 
 
 def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # user reward functions in the working directory import by name
         sys.path.insert(0, os.getcwd())
     args = _parser().parse_args(argv)
+    if args.command == "train" and args.multirun:
+        from rich.console import Console
+
+        from rlft.config import ConfigError
+        from rlft.sweep import run_sweep
+
+        try:
+            return run_sweep(args.overrides, Console())
+        except ConfigError as e:
+            return fail(str(e))
     if args.command == "train":
         return cmd_train(args.overrides, args.cfg)
+    if args.command == "export":
+        return cmd_export(args.checkpoint, args.out_dir, args.adapter_only)
+    if args.command == "eval":
+        return cmd_eval(args.args, args.samples, args.data, args.out)
     _parser().print_help()
     return 0 if args.command is None else 2
 

@@ -422,6 +422,38 @@ def compose(overrides: list[str]) -> tuple[Config, Any, str]:
     return cfg, raw, run_dir
 
 
+def compose_on(saved_yaml: str, overrides: list[str]) -> Config:
+    """A saved run config (a checkpoint's ``config.yaml``) with shell overrides applied on top.
+
+    Group overrides (``data=jsonl``) replace that whole section with the group's YAML; key
+    overrides (``data.num_eval=50``) set one value.
+
+    Raises:
+        ConfigError: as :func:`compose`.
+    """
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    parsed = check_overrides(overrides)
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(yaml.safe_load(saved_yaml) or {}))
+        for ov in parsed:
+            key = ov.key_or_group
+            if key.startswith("hydra"):
+                continue
+            if key in GROUPS:
+                section = yaml.safe_load((conf_dir() / key / f"{ov.value()}.yaml").read_text()) or {}
+                node[key] = OmegaConf.merge(OmegaConf.structured(_field_type(Config, key)), section)
+            else:
+                OmegaConf.update(node, key, ov.value(), merge=False)
+        cfg = OmegaConf.to_object(node)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_one_line(e)) from None
+    validate(cfg)
+    return cfg
+
+
 class _open_struct:
     def __init__(self, node: Any):
         self.node = node

@@ -1,7 +1,10 @@
-"""Held-out evaluation: greedy accuracy of the current policy."""
+"""Held-out evaluation: greedy accuracy, and pass@k from sampled completions."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 from typing import Any
 
 from rlft.data.chat import prompt_ids
@@ -11,23 +14,81 @@ from rlft.rewards.registry import Sample
 from rlft.rollout import Sampler, SamplingParams
 
 
+def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
+                params: SamplingParams) -> tuple[list[list[bool]], int]:
+    """Sample ``params.n`` completions per problem and judge each with the first reward function (> 0.5).
+
+    Returns:
+        Per problem, one bool per completion; and the number of completion tokens.
+    """
+    prompts = [prompt_ids(tokenizer, p.prompt, cfg.data.system_prompt) for p in problems]
+    gens = sampler.generate(prompts, params)
+    texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+    samples = [
+        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut)
+        for i, t, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
+    ]
+    _, per_fn = score_samples(cfg.reward.fns[:1], [1.0], samples, cfg.sampler.max_new_tokens)
+    out: list[list[bool]] = [[] for _ in problems]
+    for i, s in zip(gens.prompt_index, per_fn[cfg.reward.fns[0]]):
+        out[i].append(s > 0.5)
+    return out, gens.num_tokens
+
+
 def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any) -> dict[str, float]:
     """Greedy accuracy (the first reward function, usually correctness, > 0.5) on ``problems``.
 
     Returns:
         ``eval/accuracy`` and ``eval/mean_tokens``.
     """
-    prompts = [prompt_ids(tokenizer, p.prompt, cfg.data.system_prompt) for p in problems]
     params = SamplingParams(n=1, max_new_tokens=cfg.sampler.max_new_tokens, greedy=True)
-    gens = sampler.generate(prompts, params)
-    texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
-    samples = [
-        Sample(p.prompt, t, p.answer, len(ids), cut)
-        for p, t, ids, cut in zip(problems, texts, gens.completion_ids, gens.truncated)
-    ]
-    _, per_fn = score_samples(cfg.reward.fns[:1], [1.0], samples, cfg.sampler.max_new_tokens)
-    scores = per_fn[cfg.reward.fns[0]]
-    return {
-        "eval/accuracy": sum(s > 0.5 for s in scores) / len(scores),
-        "eval/mean_tokens": gens.num_tokens / len(scores),
-    }
+    ok, tokens = correctness(sampler, tokenizer, problems, cfg, params)
+    return {"eval/accuracy": sum(o[0] for o in ok) / len(ok), "eval/mean_tokens": tokens / len(ok)}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
+                     samples: int) -> dict[str, float]:
+    """pass@1 and pass@``samples`` at the sampler's temperature, seeded by ``cfg.seed``."""
+    s = cfg.sampler
+    params = SamplingParams(n=samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                            max_new_tokens=s.max_new_tokens, seed=cfg.seed)
+    ok, _ = correctness(sampler, tokenizer, problems, cfg, params)
+    out = {}
+    for k in sorted({1, samples}):
+        out[f"eval/pass@{k}"] = sum(pass_at_k(len(o), sum(o), k) for o in ok) / len(ok)
+    return out
+
+
+def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
+    """Evaluate the base model named by ``cfg.model`` or, given one, a checkpoint's policy."""
+    from rlft.data import build_task
+    from rlft.models import build_policy
+    from rlft.models.loading import quiet_libraries
+    from rlft.rollout import build_sampler
+    from rlft.run_state import load_policy_weights
+
+    quiet_libraries()
+    problems = build_task(cfg.data, cfg.seed).eval_problems
+    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False)
+    sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed)
+    if checkpoint is not None:
+        load_policy_weights(policy.model, checkpoint)
+        sampler.load_weights(policy.sampler_weights())
+    result: dict[str, Any] = {"model": str(checkpoint) if checkpoint else cfg.model.name, "problems": len(problems),
+                              "temperature": cfg.sampler.temperature, "samples": samples}
+    result.update(evaluate(sampler, policy.tokenizer, problems, cfg))
+    if samples > 0:
+        result.update(evaluate_sampled(sampler, policy.tokenizer, problems, cfg, samples))
+    return result
+
+
+def write_result(result: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")

@@ -30,7 +30,7 @@ def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path) -> Pat
         ax.set_xlabel("step")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    if len(runs) > 1:
+    if len(runs) > 1 and axes[-1].get_legend_handles_labels()[0]:
         axes[-1].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()

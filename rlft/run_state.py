@@ -96,6 +96,21 @@ def load_weights(c: Any, path: Path) -> None:
             p.copy_(saved[name])
 
 
+def load_policy_weights(model: Any, path: Path) -> None:
+    """Copy a checkpoint's policy weights (not its critic's) into a model built like the trained one."""
+    from rlft.models.critic import CRITIC_ADAPTER
+
+    saved = {k.removeprefix("policy/"): v for k, v in ckpt.read_tensors(path, WEIGHTS).items()
+             if k.startswith("policy/") and f".{CRITIC_ADAPTER}." not in k}
+    own = dict(model.named_parameters())
+    missing = sorted(set(saved) - set(own))
+    if missing:
+        raise ckpt.CheckpointError(f"checkpoint {path} does not fit this model: no parameter {missing[0]}")
+    with torch.no_grad():
+        for name, value in saved.items():
+            own[name].copy_(value)
+
+
 def restore(c: Any, path: Path) -> dict[str, Any]:
     """Put the whole training state back; returns the trainer state JSON (``step``, ``metrics``, ...)."""
     load_weights(c, path)

@@ -15,22 +15,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlft import checkpoint as ckpt
+from rlft import run_state
 from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageInputs, masked_mean
 from rlft.algorithms.advantages import informative_groups, ppo_token_rewards, soft_overlong_penalty
 from rlft.algorithms.kl_control import adaptive_kl_coef, penalty_beta_update
 from rlft.batch import RolloutBatch, pack
-from rlft import checkpoint as ckpt
-from rlft import run_state
 from rlft.data import Problem, build_task
 from rlft.data.chat import prompt_ids
 from rlft.evaluation import evaluate
 from rlft.learner import batch_logprobs, batch_values, build_optimizer, update_policy
 from rlft.models import Policy, build_policy
 from rlft.models.critic import Critic, build_critic
+from rlft.models.loading import quiet_libraries
+from rlft.plots import plot_run
 from rlft.rewards import resolve_reward, score_samples
 from rlft.rewards.registry import Sample
 from rlft.rollout import Generations, Sampler, SamplingParams, build_sampler
-from rlft.plots import plot_run
 from rlft.tracking import Tracker, keep_metrics_through
 
 
@@ -56,7 +57,7 @@ def build_components(cfg: Any) -> Components:
     """Seed, then build the task, policy, sampler and optimizer named by ``cfg``."""
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
-    _quiet_libraries()
+    quiet_libraries()
     seed_everything(cfg.seed)
     task = build_task(cfg.data, cfg.seed)
     for name in cfg.reward.fns:  # fail on a bad reward name before loading the model
@@ -410,14 +411,6 @@ def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
     metrics["time/sync_s"] = t2 - t1
     metrics["time/step_s"] = t2 - t_start
     return metrics
-
-
-def _quiet_libraries() -> None:
-    """Our own progress bar is the one users should see."""
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
 
 
 def _to_yaml(cfg: Any) -> str:

@@ -29,7 +29,7 @@ def test_smollm2_grpo_short_run(tmp_path):
     for r in rows[1:]:
         assert all(math.isfinite(r[k]) for k in ("loss", "kl", "reward/mean", "entropy", "grad_norm"))
         assert r["tokens/generated"] > 0
-    assert (run / "checkpoints" / "step_000002" / "adapter_model.safetensors").is_file()
+    assert (run / "checkpoints" / "step_000002" / "adapter" / "adapter_model.safetensors").is_file()
 
 
 def test_wandb_offline_run(tmp_path):

@@ -49,7 +49,7 @@ def test_grpo_steps_change_lora_and_log_metrics(tmp_path, monkeypatch):
     assert "eval/accuracy" not in rows[1]
     assert last["eval/accuracy"] == rows[3]["eval/accuracy"]
     ckpt = tmp_path / "run" / "checkpoints" / "step_000003"
-    saved = load_file(str(ckpt / "adapter_model.safetensors"))
+    saved = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
     assert any("lora_B" in k for k in saved)
     assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == 3
 

@@ -19,6 +19,14 @@ class ModelError(RuntimeError):
     """The model cannot be found or loaded; the message says what to install or set."""
 
 
+def quiet_libraries() -> None:
+    """Our own progress bar is the one users should see."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
 def cache_root() -> Path:
     """Where converted models live: $RLFT_CACHE, else ~/.cache/rlft."""
     return Path(os.environ.get("RLFT_CACHE", Path.home() / ".cache" / "rlft"))

@@ -75,6 +75,17 @@ def _base_name(peft_name: str) -> str:
     return peft_name.removeprefix("base_model.model.")
 
 
+def wrap_lora(base: Any, cfg: Any) -> Any:
+    """``base`` with a fresh LoRA adapter named "default" per LoraConfig ``cfg``."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(
+        base,
+        LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+                   task_type="CAUSAL_LM"),
+    )
+
+
 def build_policy(cfg: Any, seed: int, need_reference: bool) -> tuple[Policy, Any]:
     """Load the base model and wrap it for training.
 
@@ -93,17 +104,9 @@ def build_policy(cfg: Any, seed: int, need_reference: bool) -> tuple[Policy, Any
     sampler_copy = copy.deepcopy(base).to(compute)
     ref_model = None
     if lora:
-        from peft import LoraConfig, get_peft_model
-
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            model = get_peft_model(
-                base,
-                LoraConfig(
-                    r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                    target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM",
-                ),
-            )
+            model = wrap_lora(base, cfg.lora)
     else:
         model = base
         if need_reference:

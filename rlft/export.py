@@ -1,0 +1,72 @@
+"""`rlft export`: a checkpoint as a merged Hugging Face model directory, or as its peft adapter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from rlft import checkpoint as ckpt
+from rlft.config import Config, compose_on
+from rlft.run_state import CONFIG, load_policy_weights
+
+
+def find_checkpoint(spec: str | Path) -> Path:
+    """A checkpoint directory, or the newest complete one in a run directory.
+
+    Raises:
+        CheckpointError: nothing usable there.
+    """
+    found = ckpt.resolve(str(spec), Path(spec), label="")
+    if found is None:
+        raise ckpt.CheckpointError(f"{spec}: no checkpoint")
+    return found
+
+
+def checkpoint_config(path: Path, overrides: list[str] | None = None) -> Config:
+    return compose_on((path / CONFIG).read_text(), list(overrides or []))
+
+
+def load_merged(path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, object]:
+    """The checkpoint's policy as a plain transformers model (adapter merged into the base) and its tokenizer."""
+    from rlft.models.loading import load_base, quiet_libraries
+    from rlft.models.policy import wrap_lora
+
+    quiet_libraries()
+    cfg = checkpoint_config(path)
+    base, tok = load_base(cfg.model, torch.float32, cfg.seed)
+    model = wrap_lora(base, cfg.model.lora) if cfg.model.lora.enabled else base
+    load_policy_weights(model, path)
+    if cfg.model.lora.enabled:
+        model = model.merge_and_unload()
+    return model.to(dtype).eval(), tok
+
+
+def export(spec: str | Path, out: Path, adapter_only: bool = False) -> Path:
+    """Write ``out`` (which must not exist or be empty) atomically; returns the checkpoint used."""
+    path = find_checkpoint(spec)
+    if out.exists() and any(out.iterdir()):
+        raise ckpt.CheckpointError(f"{out} exists and is not empty: choose a new output directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
+    try:
+        if adapter_only:
+            if not (path / "adapter").is_dir():
+                raise ckpt.CheckpointError(f"{path} holds full weights, not a LoRA adapter: export without --adapter-only")
+            shutil.copytree(path / "adapter", tmp, dirs_exist_ok=True)
+            from rlft.models.loading import load_tokenizer
+
+            load_tokenizer(checkpoint_config(path).model).save_pretrained(tmp)
+        else:
+            model, tok = load_merged(path)
+            model.save_pretrained(tmp)  # safetensors
+            tok.save_pretrained(tmp)
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

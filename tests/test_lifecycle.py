@@ -1,0 +1,136 @@
+"""Export, eval and sweeps, through the real command line."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, run_cli
+
+from rlft.evaluation import pass_at_k
+from rlft.export import checkpoint_config, find_checkpoint
+from rlft.models.loading import load_base
+from rlft.models.policy import wrap_lora
+from rlft.run_state import load_policy_weights
+
+TRAINED = [*TINY, "trainer.steps=3", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]",
+           "optim.lr=2e-2"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("trained") / "run"
+    r = run_cli(["train", *TRAINED, f"hydra.run.dir={run}"], Path.cwd())
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run
+
+
+def _logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+
+
+def _ids() -> torch.Tensor:
+    return torch.tensor([[1, 5, 9, 200, 3000, 17, 42, 7], [2, 400, 30, 11, 12, 13, 900, 5]])
+
+
+def _trained_policy_fp32(ckpt: Path):
+    cfg = checkpoint_config(ckpt)
+    base, _ = load_base(cfg.model, torch.float32, cfg.seed)
+    model = wrap_lora(base, cfg.model.lora)
+    load_policy_weights(model, ckpt)
+    return model.eval(), cfg
+
+
+def test_export_merged_loads_in_transformers_with_the_policys_logprobs(trained, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "merged"
+    r = run_cli(["export", str(trained), str(out)], Path.cwd())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert AutoTokenizer.from_pretrained(str(out)).eos_token_id is not None
+
+    policy, cfg = _trained_policy_fp32(find_checkpoint(trained))
+    got, want = _logprobs(exported, _ids()), _logprobs(policy, _ids())
+    base, _ = load_base(cfg.model, torch.float32, cfg.seed)
+    untrained = _logprobs(base.eval(), _ids())
+    # fp32 on both sides: merging W + BA only reorders float additions (~1e-6).
+    assert (got - want).abs().max() < 1e-4
+    assert (untrained - want).abs().max() > 1e-2, "training did not move the policy; the check would be vacuous"
+
+    r = run_cli(["export", str(trained), str(out)], Path.cwd())
+    assert r.returncode == 2 and "not empty" in r.stderr
+
+
+def test_export_adapter_only_loads_in_peft(trained, tmp_path):
+    from peft import PeftModel
+
+    out = tmp_path / "adapter"
+    r = run_cli(["export", str(trained / "checkpoints" / "step_000003"), str(out), "--adapter-only"], Path.cwd())
+    assert r.returncode == 0, r.stderr[-2000:]
+    policy, cfg = _trained_policy_fp32(find_checkpoint(trained))
+    base, _ = load_base(cfg.model, torch.float32, cfg.seed)
+    loaded = PeftModel.from_pretrained(base, str(out)).eval()
+    assert (_logprobs(loaded, _ids()) - _logprobs(policy, _ids())).abs().max() < 1e-5
+
+
+def test_pass_at_k_matches_enumeration():
+    for n, c, k in [(4, 0, 1), (4, 1, 1), (4, 1, 2), (5, 2, 3), (8, 3, 8), (8, 8, 4), (6, 5, 2)]:
+        outcomes = [True] * c + [False] * (n - c)
+        subsets = list(itertools.combinations(outcomes, k))
+        brute = sum(any(s) for s in subsets) / len(subsets)
+        assert math.isclose(pass_at_k(n, c, k), brute, abs_tol=1e-12), (n, c, k)
+
+
+def test_eval_checkpoint_and_base(trained, tmp_path):
+    out = tmp_path / "eval.json"
+    r = run_cli(["eval", str(trained), "sampler.name=hf", "data.num_eval=12", "--samples", "4", "--out", str(out)],
+                Path.cwd())
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["problems"] == 12 and res["samples"] == 4
+    for key in ("eval/accuracy", "eval/pass@1", "eval/pass@4"):
+        assert 0.0 <= res[key] <= 1.0
+    assert res["eval/pass@4"] >= res["eval/pass@1"]
+    assert "pass@4" in r.stdout
+    # The checkpoint was trained on char_count (longer is better): its first reward judges correctness.
+    assert res["eval/mean_tokens"] == pytest.approx(8.0)
+
+    base_out = tmp_path / "base.json"
+    r = run_cli(["eval", "model=tiny", "sampler=hf", "data.num_eval=12", "--samples", "0", "--out", str(base_out)],
+                Path.cwd())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(base_out.read_text())["model"] == "tiny"
+
+    r = run_cli(["eval", str(tmp_path / "missing"), "--out", str(base_out)], Path.cwd())
+    assert r.returncode == 2 and "no such checkpoint" in r.stderr
+
+
+def test_sweep_runs_every_job_and_survives_a_failing_one(tmp_path):
+    root = tmp_path / "sweep"
+    args = [a for a in TINY if not a.startswith("trainer.num_prompts")]
+    r = run_cli(["train", "-m", *args, "algo=grpo,dapo", "trainer.num_prompts=2,0", f"hydra.sweep.dir={root}"],
+                Path.cwd())
+    assert r.returncode == 1, "a failed job must make the sweep's exit status non-zero"
+    rows = list(csv.DictReader((root / "summary.csv").open()))
+    assert [x["job"] for x in rows] == [
+        "algo=grpo,trainer.num_prompts=2", "algo=grpo,trainer.num_prompts=0",
+        "algo=dapo,trainer.num_prompts=2", "algo=dapo,trainer.num_prompts=0",
+    ]
+    assert [x["status"] for x in rows] == ["ok", "failed (exit 2)", "ok", "failed (exit 2)"]
+    for x in rows:
+        if x["status"] == "ok":
+            run = Path(x["run_dir"])
+            assert x["steps"] == "2" and x["eval/accuracy"] != ""
+            assert (run / "plots.png").stat().st_size > 1000
+            assert (run / "checkpoints" / "step_000002").is_dir()
+            algo = x["job"].split(",")[0].removeprefix("algo=")
+            assert f"name: {algo}" in (run / "config.yaml").read_text()
+    assert (root / "summary.png").stat().st_size > 1000

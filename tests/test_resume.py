@@ -1,0 +1,153 @@
+"""Checkpoints and exact resume, with real SIGKILLs sent to real training processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY, run_cli
+from safetensors.torch import load_file
+
+from rlft import checkpoint as ckpt
+from rlft.tracking import read_metrics
+
+STEPS = 6
+RUN = [
+    *[a for a in TINY if not a.startswith(("trainer.steps", "trainer.eval_every"))],
+    f"trainer.steps={STEPS}", "trainer.eval_every=3", "trainer.save_every=1",
+    "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]", "optim.lr=1e-2",
+]
+
+
+def _comparable(run_dir: Path) -> list[dict]:
+    """Per-step metrics without wall-clock ones."""
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+            for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def _weights(run_dir: Path, step: int = STEPS) -> dict:
+    return load_file(str(run_dir / "checkpoints" / ckpt.step_dir_name(step) / "trainable.safetensors"))
+
+
+def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
+    ma, mb = _comparable(a), _comparable(b)
+    assert [r["step"] for r in mb] == list(range(steps + 1)), "metrics.jsonl has missing or repeated steps"
+    assert ma == mb
+    wa, wb = _weights(a, steps), _weights(b, steps)
+    assert wa.keys() == wb.keys()
+    assert all(bool((wa[k] == wb[k]).all()) for k in wa), "final weights differ"
+    assert any(r.get("loss", 0) != 0 for r in ma), "a run with zero loss proves nothing"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("ref") / "run"
+    r = run_cli(["train", *RUN, f"hydra.run.dir={run}"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run
+
+
+def _spawn(run: Path, extra: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlft.cli", "train", *RUN, f"hydra.run.dir={run}", "trainer.resume=auto", *extra],
+        cwd=ROOT, env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None, f"process ended before the kill point: {proc.stderr.read().decode()[-2000:]}"
+        assert time.time() < deadline, "kill point never reached"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _logged_step(run: Path) -> int:
+    return max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=-1)
+
+
+def test_kill9_anywhere_then_resume_matches_uninterrupted_run(reference, tmp_path):
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+
+    # 1. Killed while starting up, before any checkpoint: resume=auto must start fresh.
+    _kill_when(_spawn(run, []), lambda: (run / "train.log").exists())
+    assert ckpt.latest_checkpoint(run) is None
+
+    # 2. Killed in the middle of training, after step 2 was logged.
+    _kill_when(_spawn(run, []), lambda: _logged_step(run) >= 2)
+    after_2 = ckpt.latest_checkpoint(run)
+    assert after_2 is not None and ckpt.is_complete(after_2)
+
+    # 3. Killed while writing a checkpoint: the half-written one must be invisible.
+    proc = _spawn(run, [], env={ckpt.FAULT_DELAY_ENV: "120"})
+    partial = root / f".tmp-{ckpt.step_dir_name(ckpt.checkpoint_step(after_2) + 1)}-{proc.pid}"
+    _kill_when(proc, lambda: partial.is_dir() and any(partial.iterdir()))
+    assert not (partial / ckpt.MANIFEST).exists()
+    assert ckpt.latest_checkpoint(run) == after_2
+
+    # 4. Runs to the end.
+    proc = _spawn(run, [])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "resumed from" in (run / "train.log").read_text()
+    assert not [p for p in root.iterdir() if p.name.startswith(".")], "leftovers of the killed write remain"
+    _assert_same_run(reference, run)
+
+
+@pytest.mark.parametrize("algo", ["dapo", "ppo"])
+def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
+    """DAPO draws a variable number of batches per step; PPO has a critic and adaptive coefficients."""
+    extra = [f"algo={algo}", "trainer.steps=4", "trainer.eval_every=2"]
+    if algo == "ppo":
+        extra += ["algo.kl_reward_coef=0.05", "algo.kl_ctrl=adaptive"]
+    else:  # the tiny model's completions all hit the length cap; the filter would mask every token
+        extra += ["algo.overlong_filter=false"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_cli(["train", *RUN, *extra, f"hydra.run.dir={a}"], ROOT).returncode == 0
+    r = run_cli(["train", *RUN, *extra, "trainer.steps=2", f"hydra.run.dir={b}"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli(["train", *RUN, *extra, f"hydra.run.dir={b}", "trainer.resume=auto"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    _assert_same_run(a, b, steps=4)
+    if algo == "ppo":
+        assert any(k.startswith("critic_head/") for k in _weights(b, 4))
+
+
+def test_resume_guards_and_pruning(reference, tmp_path):
+    run = tmp_path / "run"
+    r = run_cli(["train", *RUN, "trainer.steps=3", "trainer.keep_last=2", f"hydra.run.dir={run}"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert kept == ["step_000002", "step_000003"]
+    state = json.loads((run / "checkpoints" / "step_000003" / ckpt.STATE).read_text())
+    assert state["step"] == 3 and state["cursor"] == 3
+    assert (run / "checkpoints" / "step_000003" / "adapter" / "adapter_model.safetensors").is_file()
+
+    # A fresh start may not bury existing checkpoints.
+    r = run_cli(["train", *RUN, f"hydra.run.dir={run}"], ROOT)
+    assert r.returncode == 2 and "trainer.resume=auto" in r.stderr and "Traceback" not in r.stderr
+
+    # A change that matters is refused, naming the key.
+    r = run_cli(["train", *RUN, "algo=dapo", f"hydra.run.dir={run}", "trainer.resume=auto"], ROOT)
+    assert r.returncode == 2 and "cannot resume" in r.stderr and "algo." in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+    # resume=PATH from another run's checkpoint continues its metrics in a new directory.
+    other = tmp_path / "other"
+    src = reference / "checkpoints" / "step_000004"
+    r = run_cli(["train", *RUN, f"hydra.run.dir={other}", f"trainer.resume={src}"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [x["step"] for x in read_metrics(other / "metrics.jsonl")] == list(range(STEPS + 1))
+    assert _comparable(other) == _comparable(reference)
+
+    r = run_cli(["train", *RUN, f"hydra.run.dir={other}", f"trainer.resume={tmp_path / 'nope'}"], ROOT)
+    assert r.returncode == 2 and "no such checkpoint" in r.stderr
