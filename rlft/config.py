@@ -140,6 +140,9 @@ class ModelConfig:
     """Local Hugging Face model directory (source=path)."""
     dtype: str = "bf16"
     """Compute dtype: bf16 (autocast, frozen weights in bf16) or fp32."""
+    attn_implementation: str = "auto"
+    """Learner attention kernel: eager, sdpa, or auto (eager on CPU, where it trained ~15% faster
+    than sdpa's flash kernel on short RL sequences; sdpa elsewhere)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Adapter settings."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -255,6 +258,8 @@ class TrainerConfig:
     (fresh if none); a path continues from that checkpoint (or the newest one in that run directory)."""
     threads: int = 0
     """torch intra-op threads (0: torch's default)."""
+    max_minutes: float = 0.0
+    """Wall-clock budget: stop after the step that crosses it, then evaluate and checkpoint (0: off)."""
 
 
 @dataclass
@@ -535,6 +540,8 @@ def validate(cfg: Config) -> None:
         )
     if cfg.model.dtype not in ("bf16", "fp32"):
         raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: bf16, fp32")
+    if cfg.model.attn_implementation not in ("auto", "eager", "sdpa"):
+        raise ConfigError(f"model.attn_implementation='{cfg.model.attn_implementation}'; valid choices: auto, eager, sdpa")
     if cfg.model.source not in ("smollm2_gguf", "path", "tiny"):
         raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
     if cfg.model.source == "path" and not cfg.model.path:

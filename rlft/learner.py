@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, LossNorm, masked_mean
 from rlft.algorithms.losses import clipped_value_loss
@@ -21,67 +20,139 @@ from rlft.models.policy import Policy
 def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
     """Final hidden states at the positions that predict each completion token.
 
+    Rows that share a prompt (the n samples of a group) share its computation: the distinct
+    prompts run once, left-aligned to a common end, and their key/value cache is indexed out
+    to every row before the completions run on top of it. Gradients flow through the shared
+    cache back into the prompt pass, so the result equals a full forward of each row.
+
     Args:
         model: A causal LM (plain or peft) exposing ``get_decoder``.
-        batch: Uses ``input_ids`` (B, L), ``attention_mask``, ``resp_start`` and ``response_mask`` (B, T).
+        batch: Uses ``input_ids`` (B, L), ``resp_start``, ``resp_len`` and ``response_mask`` (B, T).
 
     Returns:
-        ``hidden`` (B, T, H), taken at position resp_start - 1 + t, and ``targets`` (B, T), the
-        completion tokens they predict (meaningful where the response mask is 1).
+        ``hidden`` (B, T, H): row b's state before completion token t; and ``targets`` (B, T),
+        the completion tokens (meaningful where the response mask is 1).
     """
-    hidden = model.get_decoder()(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-    ).last_hidden_state
-    b, seq_len, width = hidden.shape
+    from transformers import DynamicCache
+
+    decoder = model.get_decoder()
+    prompt_ids, prompt_mask, slot = _distinct_prompts(batch)
+    cache = DynamicCache()
+    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    last = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos,
+                   past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
     t_len = batch.response_mask.shape[1]
-    pos = (batch.resp_start[:, None] - 1 + torch.arange(t_len)[None, :]).clamp(0, seq_len - 2)
-    h = hidden.gather(1, pos.unsqueeze(-1).expand(b, t_len, width))
-    return h, batch.input_ids.gather(1, pos + 1)
+    cols = batch.resp_start[:, None] + torch.arange(t_len)[None, :]
+    targets = batch.input_ids.gather(1, cols.clamp(max=batch.input_ids.shape[1] - 1))
+    first = last[slot].unsqueeze(1)
+    if t_len == 1:
+        return first, targets
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[slot], layer.values[slot]
+    mask = torch.cat([prompt_mask[slot], batch.response_mask[:, :-1].long()], dim=1)
+    pos = prompt_pos[slot, -1:] + 1 + torch.arange(t_len - 1)[None, :]
+    rest = decoder(input_ids=targets[:, :-1], attention_mask=mask, position_ids=pos, past_key_values=cache,
+                   use_cache=True).last_hidden_state
+    return torch.cat([first, rest], dim=1), targets
 
 
-def _chunk_logprobs(lm_head: Any, hidden: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    logits = lm_head(hidden).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    with torch.no_grad():
-        entropy = lse - (torch.exp(logits - lse.unsqueeze(-1)) * logits).sum(-1)
-    return logp, entropy
+def _distinct_prompts(batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """The distinct prompts, left-padded (P, Lp), their mask, and each row's prompt index (B,)."""
+    index: dict[tuple[int, ...], int] = {}
+    rows = [batch.input_ids[i, : int(batch.resp_start[i])].tolist() for i in range(batch.size)]
+    slot = torch.tensor([index.setdefault(tuple(r), len(index)) for r in rows])
+    prompts = list(index)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=batch.input_ids.dtype)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for k, p in enumerate(prompts):
+        ids[k, width - len(p) :] = torch.tensor(p)
+        mask[k, width - len(p) :] = 1
+    return ids, mask, slot
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log_softmax(h W^T / temperature)[target] and the entropy at N positions, ``chunk`` rows at a time.
+
+    Only the (N, H) hidden states and the (N,) log-normalizers are kept for backward, which
+    recomputes one chunk of logits at a time and forms the gradient by hand:
+    d logp / d logits = (onehot(target) - softmax) / temperature. The entropy is computed once,
+    in forward (it carries no gradient).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
+                chunk: int) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=torch.float32)
+        entropy = torch.empty(n, dtype=torch.float32)
+        lse = torch.empty(n, dtype=torch.float32)
+        for s in range(0, n, chunk):
+            logits = _logits(hidden[s : s + chunk], weight, temperature)
+            lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
+            log_probs = logits.sub_(lse[s : s + chunk, None])  # in place: logits are not needed again
+            logp[s : s + chunk] = log_probs.gather(-1, targets[s : s + chunk, None]).squeeze(-1)
+            entropy[s : s + chunk] = -(log_probs.exp() * log_probs).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        rows = torch.arange(min(chunk, hidden.shape[0]))
+        for s in range(0, hidden.shape[0], chunk):
+            h, g = hidden[s : s + chunk], grad_logp[s : s + chunk].float()
+            probs = _logits(h, weight, t).sub_(lse[s : s + chunk, None]).exp_()
+            grad_logits = probs.mul_(-g[:, None] / t)
+            grad_logits[rows[: len(g)], targets[s : s + chunk]] += g / t
+            grad_logits = grad_logits.to(hidden.dtype)
+            if grad_h is not None:
+                grad_h[s : s + chunk] = grad_logits @ weight
+            if grad_w is not None:
+                grad_w += (grad_logits.t() @ h).float()
+        return grad_h, grad_w.to(weight.dtype) if grad_w is not None else None, None, None, None
+
+
+def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    logits = (hidden @ weight.t()).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 def token_logprobs(
-    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 2048
+    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 1024
 ) -> tuple[Tensor, Tensor]:
     """Log-probs (and entropies) of each row's completion tokens under ``model``.
 
-    Logits are computed only at completion positions, ``chunk_tokens`` positions at a
-    time, and recomputed in backward, so the (B, T, V) logits never all exist at once.
+    Logits are computed only at the completion tokens (not at padding), ``chunk_tokens``
+    positions at a time, and recomputed in backward, so the (B, T, V) logits never exist.
 
     Args:
-        model: A causal LM exposing ``get_decoder`` and ``get_output_embeddings``.
+        model: A causal LM exposing ``get_decoder`` and ``get_output_embeddings`` (no LM-head bias).
         batch: See :func:`response_hidden`.
         temperature: Sampling temperature; logits are divided by it.
         chunk_tokens: Positions per logits chunk.
 
     Returns:
         ``logp`` (B, T), with gradient when enabled, and detached ``entropy`` (B, T); both are
-        meaningful only where the response mask is 1.
+        0 where the response mask is 0.
     """
     h, targets = response_hidden(model, batch)
     b, t_len, width = h.shape
-    h, targets = h.reshape(b * t_len, width), targets.reshape(b * t_len)
-    lm_head = model.get_output_embeddings()
-    logps, ents = [], []
-    for s in range(0, b * t_len, chunk_tokens):
-        args = (lm_head, h[s : s + chunk_tokens], targets[s : s + chunk_tokens], temperature)
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(*args)
-        logps.append(lp)
-        ents.append(ent)
-    return torch.cat(logps).view(b, t_len), torch.cat(ents).view(b, t_len)
+    valid = batch.response_mask.reshape(-1).nonzero().squeeze(-1)
+    h, targets = h.reshape(b * t_len, width)[valid], targets.reshape(b * t_len)[valid]
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise NotImplementedError("LM heads with a bias are not supported")
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else h.dtype
+    logp, entropy = _TokenLogProbs.apply(h.to(dtype), head.weight.to(dtype), targets, temperature, chunk_tokens)
+    out_logp = torch.zeros(b * t_len, dtype=torch.float32).index_put((valid,), logp)
+    out_ent = torch.zeros(b * t_len, dtype=torch.float32).index_put((valid,), entropy)
+    return out_logp.view(b, t_len), out_ent.view(b, t_len)
 
 
 def critic_values(critic: Critic, batch: RolloutBatch) -> Tensor:
@@ -91,10 +162,17 @@ def critic_values(critic: Critic, batch: RolloutBatch) -> Tensor:
     return critic.head(h.float()).squeeze(-1)
 
 
+def by_length(batch: RolloutBatch, rows: Tensor, micro: int) -> tuple[Tensor, ...]:
+    """``rows`` in micro-batches that keep a prompt's samples together (their prompt runs once)
+    and, within a prompt, order completions by length (less padding)."""
+    key = batch.group_ids[rows] * (int(batch.resp_len.max()) + 1) + batch.resp_len[rows]
+    return rows[torch.argsort(key, stable=True)].split(micro)
+
+
 def _per_row(policy: Policy, batch: RolloutBatch, micro: int, fn: Any) -> Tensor:
     out = torch.zeros_like(batch.response_mask)
     with torch.no_grad():
-        for rows in torch.arange(batch.size).split(micro):
+        for rows in by_length(batch, torch.arange(batch.size), micro):
             sub = batch.select(rows)
             with policy.autocast():
                 values = fn(sub)
@@ -203,7 +281,7 @@ def update_policy(
             norm = LossNorm(float(len(mini)), float(mb_mask.sum()), float(cfg.sampler.max_new_tokens))
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for rows in mini.split(cfg.trainer.micro_batch_size):
+            for rows in by_length(batch, mini, cfg.trainer.micro_batch_size):
                 sub = batch.select(rows)
                 loss, metrics = _policy_loss(policy, sub, algo, cfg.sampler.temperature, norm)
                 loss.backward()

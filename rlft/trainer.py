@@ -289,10 +289,12 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
             if cfg.trainer.eval_at_start and resume is None:
                 last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg)
                 tracker.log_step(0, last)
+            t_start = time.perf_counter()
             for step in range(start + 1, cfg.trainer.steps + 1):
                 cursor = c.cursor
                 last = train_step(step, c, cfg)
-                _maybe_evaluate(step, c, cfg, last)
+                budget_over = 0 < cfg.trainer.max_minutes * 60 < time.perf_counter() - t_start
+                _maybe_evaluate(step, c, cfg, last, force=budget_over)
                 tracker.log_step(step, last)
                 done, c.dirty = step, False
                 every = cfg.trainer.save_every
@@ -301,12 +303,14 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
                     saved_step = step
                 if stop.requested and step < cfg.trainer.steps:
                     raise KeyboardInterrupt
+                if budget_over:
+                    tracker.info(f"time budget of {cfg.trainer.max_minutes:g} min reached after step {step}")
+                    break
         except BaseException:
             _save_on_failure(c, run_dir, resolved_yaml, cfg, tracker, done, saved_step, cursor)
             tracker.close()
             raise
-    path = run_state.save(c, run_dir, cfg.trainer.steps, resolved_yaml, cfg.trainer.keep_last, last) \
-        if cfg.trainer.steps > start else resume
+    path = run_state.save(c, run_dir, done, resolved_yaml, cfg.trainer.keep_last, last) if done > start else resume
     tracker.info(f"done: final checkpoint {path}")
     tracker.close()
     plot_run(run_dir)
@@ -323,9 +327,9 @@ def _check_fresh(run_dir: Path, spec: str) -> None:
         )
 
 
-def _maybe_evaluate(step: int, c: Components, cfg: Any, metrics: dict[str, float]) -> None:
+def _maybe_evaluate(step: int, c: Components, cfg: Any, metrics: dict[str, float], force: bool = False) -> None:
     every = cfg.trainer.eval_every
-    if step == cfg.trainer.steps or (every > 0 and step % every == 0):
+    if force or step == cfg.trainer.steps or (every > 0 and step % every == 0):
         t0 = time.perf_counter()
         metrics.update(evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg))
         metrics["time/eval_s"] = time.perf_counter() - t0

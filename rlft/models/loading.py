@@ -112,4 +112,11 @@ def load_base(cfg: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
             raise ModelError(f"model.path={src}: not a Hugging Face model directory (no config.json)")
         model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype)
     model.generation_config.pad_token_id = tok.pad_token_id
+    model.set_attn_implementation(attn_implementation(cfg))
     return model.eval(), tok
+
+
+def attn_implementation(cfg: Any) -> str:
+    if cfg.attn_implementation != "auto":
+        return cfg.attn_implementation
+    return "sdpa" if torch.cuda.is_available() else "eager"

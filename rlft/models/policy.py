@@ -86,6 +86,16 @@ def wrap_lora(base: Any, cfg: Any) -> Any:
     )
 
 
+def _keep_activation_dtype(model: Any) -> None:
+    """peft casts each LoRA layer's input to the adapter's fp32 dtype, and autocast casts it straight
+    back to bf16: two activation copies per layer for nothing. Autocast alone handles the dtypes."""
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            module.cast_input_dtype_enabled = False
+
+
 def build_policy(cfg: Any, seed: int, need_reference: bool) -> tuple[Policy, Any]:
     """Load the base model and wrap it for training.
 
@@ -107,6 +117,8 @@ def build_policy(cfg: Any, seed: int, need_reference: bool) -> tuple[Policy, Any
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             model = wrap_lora(base, cfg.lora)
+        if compute != torch.float32:
+            _keep_activation_dtype(model)
     else:
         model = base
         if need_reference:
