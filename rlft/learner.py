@@ -163,10 +163,9 @@ def critic_values(critic: Critic, batch: RolloutBatch) -> Tensor:
 
 
 def by_length(batch: RolloutBatch, rows: Tensor, micro: int) -> tuple[Tensor, ...]:
-    """``rows`` in micro-batches that keep a prompt's samples together (their prompt runs once)
-    and, within a prompt, order completions by length (less padding)."""
-    key = batch.group_ids[rows] * (int(batch.resp_len.max()) + 1) + batch.resp_len[rows]
-    return rows[torch.argsort(key, stable=True)].split(micro)
+    """``rows`` in micro-batches of similar completion length, so each pads to little more than
+    its own rows (prompts are short and shared within a micro-batch, so their padding matters less)."""
+    return rows[torch.argsort(batch.resp_len[rows], stable=True)].split(micro)
 
 
 def _per_row(policy: Policy, batch: RolloutBatch, micro: int, fn: Any) -> Tensor:
