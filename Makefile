@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint bench clean
+.PHONY: install train test test-slow test-all lint bench clean install-bench results-speed results-dapo results-trl
 
 install: $(STAMP)
 
@@ -40,3 +40,20 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# docs/results.md, one command per table (long: see the timings there).
+install-bench: install
+	$(PY) -m pip install -q -e '.[bench]'
+
+results-speed: install-bench
+	$(PY) scripts/compare_trl.py speed --steps 3 --warmup 2
+
+RUNS ?= runs
+results-dapo: install
+	$(VENV)/bin/rlft train algo=dapo trainer.steps=1000 trainer.max_minutes=30 trainer.eval_every=10 \
+		trainer.save_every=20 trainer.keep_last=2 hydra.run.dir=$(RUNS)/dapo30
+	$(VENV)/bin/rlft eval $(RUNS)/dapo30 --samples 8 --out $(RUNS)/dapo30/eval.json
+	$(PY) scripts/plot_runs.py docs/img/dapo30 dapo=$(RUNS)/dapo30
+
+results-trl: install-bench
+	$(PY) scripts/compare_trl.py learn --minutes 7

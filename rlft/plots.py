@@ -10,12 +10,22 @@ from rlft.tracking import read_metrics
 PANELS = (("reward/mean", "reward (train batch mean)"), ("eval/accuracy", "eval accuracy (greedy)"))
 
 
-def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+def wall_minutes(records: list[dict[str, Any]]) -> list[float]:
+    """Cumulative training + evaluation time at the end of each record (setup excluded)."""
+    total, out = 0.0, []
+    for r in records:
+        total += sum(v for k, v in r.items() if k in ("time/step_s", "time/eval_s") and isinstance(v, (int, float)))
+        out.append(total / 60)
+    return out
+
+
+def _series(records: list[dict[str, Any]], key: str, x: str = "step") -> tuple[list[float], list[float]]:
+    xs = wall_minutes(records) if x == "wall" else [r["step"] for r in records]
+    pts = [(xv, r[key]) for xv, r in zip(xs, records) if isinstance(r.get(key), (int, float))]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path) -> Path:
+def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path, x: str = "step") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display here
@@ -24,10 +34,11 @@ def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path) -> Pat
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
     for ax, (key, label) in zip(axes, PANELS):
         for name, records in runs.items():
-            x, y = _series(records, key)
-            if x:
-                ax.plot(x, y, marker="o" if len(x) < 20 else None, markersize=3, label=name)
-        ax.set_xlabel("step")
+            xs, ys = _series(records, key, x)
+            if xs:
+                ax.plot(xs, ys, marker="o" if len(xs) < 20 or key == "eval/accuracy" else None, markersize=3,
+                        label=name)
+        ax.set_xlabel("step" if x == "step" else "minutes (training + eval)")
         ax.set_title(label)
         ax.grid(alpha=0.3)
     if len(runs) > 1 and axes[-1].get_legend_handles_labels()[0]:
@@ -44,7 +55,7 @@ def plot_run(run_dir: Path) -> Path:
     return _figure({run_dir.name: read_metrics(run_dir / "metrics.jsonl")}, str(run_dir), run_dir / "plots.png")
 
 
-def plot_sweep(job_dirs: dict[str, Path], out: Path) -> Path:
-    """One line per job on each panel."""
+def plot_sweep(job_dirs: dict[str, Path], out: Path, x: str = "step", title: str | None = None) -> Path:
+    """One line per job on each panel, against step or wall-clock (``x="wall"``)."""
     runs = {name: read_metrics(d / "metrics.jsonl") for name, d in job_dirs.items()}
-    return _figure(runs, out.parent.name, out)
+    return _figure(runs, title or out.parent.name, out, x)

@@ -54,7 +54,7 @@ def _reward_fn():
     return correctness
 
 
-def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: list[float]):
+def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: list[float], gc: bool = True):
     """A TRL GRPOTrainer on the job; ``step_times`` fills with each optimizer step's duration."""
     import datasets
     from peft import LoraConfig
@@ -91,6 +91,7 @@ def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: 
         output_dir=str(out_dir), max_steps=steps, per_device_train_batch_size=32, num_generations=8,
         max_completion_length=64, beta=0.0, learning_rate=1e-4, bf16=True, use_cpu=True, report_to="none",
         save_strategy="no", logging_steps=1, temperature=1.0, disable_tqdm=True, seed=0,
+        gradient_checkpointing=gc,  # TRL's default is on
     )
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=_reward_fn(), args=args, train_dataset=ds,
@@ -120,10 +121,11 @@ def speed(args: argparse.Namespace) -> None:
     _, _, runs = _rlft_steps(n, args.rlft)
     measured = runs[args.warmup :]
     rlft_step = statistics.mean(r["time/step_s"] for r in measured)
+    rlft_rss = _peak_rss_gb()  # before TRL runs in this process
     trl_times: list[float] = []
     if not args.skip_trl:
         with tempfile.TemporaryDirectory() as d:
-            _trl_trainer(n, Path(d), None, trl_times).train()
+            _trl_trainer(n, Path(d), None, trl_times, gc=not args.trl_no_gc).train()
     console = Console()
     table = Table(title="step time after warm-up (same job, this machine, one run)")
     for col in ("", "mean step s", "steps"):
@@ -131,7 +133,7 @@ def speed(args: argparse.Namespace) -> None:
     table.add_row("rlft", f"{rlft_step:.2f}", str(len(measured)))
     if trl_times:
         trl_step = statistics.mean(trl_times[args.warmup :])
-        table.add_row("TRL 1.16 GRPOTrainer (bf16)", f"{trl_step:.2f}", str(len(trl_times[args.warmup:])))
+        table.add_row(f"TRL 1.16 GRPOTrainer (bf16{', no grad ckpt' if args.trl_no_gc else ''})", f"{trl_step:.2f}", str(len(trl_times[args.warmup:])))
         table.add_row("ratio TRL / rlft", f"{trl_step / rlft_step:.2f}x", "")
     console.print(table)
     phases = Table(title=f"rlft step breakdown (floor ~{FLOOR_S} s of arithmetic at bf16 ~700 GFLOP/s)")
@@ -145,8 +147,11 @@ def speed(args: argparse.Namespace) -> None:
     phases.add_row("step", f"{rlft_step:.2f}", f"{rlft_step / FLOOR_S:.1f}x floor")
     console.print(phases)
     tokens = statistics.mean(r["tokens/generated"] for r in measured)
-    console.print(f"rlft: {tokens:.0f} generated tokens/step, {statistics.mean(r['response/mean_length'] for r in measured):.1f} "
-                  f"mean completion length; peak RSS {_peak_rss_gb():.2f} GB (both in this process)")
+    length = statistics.mean(r["response/mean_length"] for r in measured)
+    console.print(f"rlft: {tokens:.0f} generated tokens/step, {length:.1f} mean completion length; peak RSS "
+                  f"{rlft_rss:.2f} GB (incl. the vLLM engine's KV cache, sampler.vllm.gpu_memory_utilization of RAM)")
+    if trl_times:
+        console.print(f"peak RSS after TRL ran in the same process: {_peak_rss_gb():.2f} GB")
 
 
 def _peak_rss_gb() -> float:
@@ -188,7 +193,7 @@ def learn(args: argparse.Namespace) -> None:
         if not args.skip_trl:
             times: list[float] = []
             t0 = time.perf_counter()
-            trainer = _trl_trainer(10_000, Path(d) / "trl", budget, times)
+            trainer = _trl_trainer(10_000, Path(d) / "trl", budget, times, gc=not args.trl_no_gc)
             trainer.train()
             trl_s = time.perf_counter() - t0
             merged = Path(d) / "trl_merged"
@@ -220,6 +225,7 @@ def main() -> int:
     ln.add_argument("--samples", type=int, default=8)
     for p in (sp, ln):
         p.add_argument("--skip-trl", action="store_true", help="only rlft")
+        p.add_argument("--trl-no-gc", action="store_true", help="TRL without gradient checkpointing")
         p.add_argument("--rlft", nargs="*", default=[], help="extra rlft overrides")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
