@@ -113,9 +113,14 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p) or 0)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = list_checkpoints(run_dir / "checkpoints")
+def latest_in(root: Path) -> Path | None:
+    """The newest complete checkpoint directly under ``root``."""
+    found = list_checkpoints(root)
     return found[-1] if found else None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    return latest_in(run_dir / "checkpoints")
 
 
 def prune(root: Path, keep_last: int) -> list[Path]:
@@ -148,7 +153,7 @@ def resolve(spec: str, run_dir: Path, label: str = "trainer.resume=") -> Path | 
         if not is_complete(path):
             raise CheckpointError(f"{label}{spec}: checkpoint is incomplete (its write was interrupted)")
         return path
-    found = latest_checkpoint(path) or (list_checkpoints(path)[-1:] or [None])[0]
+    found = latest_checkpoint(path) or latest_in(path)  # a run directory, or its checkpoints/ directory
     if found is None:
         raise CheckpointError(f"{label}{spec}: no complete checkpoint in this directory")
     return found

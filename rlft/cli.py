@@ -54,6 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Problems with the user's config, data, model or checkpoint: one line and exit 2, no traceback."""
+    from rlft.checkpoint import CheckpointError
+    from rlft.config import ConfigError
+    from rlft.data import DataError
+    from rlft.models import ModelError
+
+    return ConfigError, DataError, ModelError, CheckpointError
+
+
 def fail(message: str, code: int = 2) -> int:
     print(f"rlft: error: {message}", file=sys.stderr)
     return code
@@ -73,15 +83,12 @@ def cmd_train(overrides: list[str], show_cfg: bool) -> int:
         print(resolved, end="")
         return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rlft.checkpoint import CheckpointError
-    from rlft.data import DataError
-    from rlft.models import ModelError
     from rlft.rewards import RewardError
     from rlft.trainer import train
 
     try:
         train(cfg, Path(run_dir), resolved)
-    except (DataError, ModelError, ConfigError, CheckpointError) as e:
+    except _user_errors() as e:
         return fail(str(e))
     except RewardError as e:
         return fail(str(e), 1)
@@ -91,26 +98,20 @@ def cmd_train(overrides: list[str], show_cfg: bool) -> int:
 
 
 def cmd_export(checkpoint: str, out_dir: str, adapter_only: bool) -> int:
-    from rlft.checkpoint import CheckpointError
-    from rlft.config import ConfigError
     from rlft.export import export
-    from rlft.models import ModelError
 
     try:
         used = export(checkpoint, Path(out_dir), adapter_only)
-    except (CheckpointError, ConfigError, ModelError) as e:
+    except _user_errors() as e:
         return fail(str(e))
     print(f"exported {used} -> {out_dir}" + (" (adapter only)" if adapter_only else " (merged model)"))
     return 0
 
 
 def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
-    from rlft.checkpoint import CheckpointError
-    from rlft.config import ConfigError, compose
-    from rlft.data import DataError
+    from rlft.config import compose
     from rlft.evaluation import run_eval, write_result
     from rlft.export import checkpoint_config, find_checkpoint
-    from rlft.models import ModelError
     from rlft.rewards import RewardError
 
     path, overrides = None, list(args)
@@ -123,7 +124,7 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
         checkpoint = find_checkpoint(path) if path else None
         cfg = checkpoint_config(checkpoint, overrides) if checkpoint else compose(overrides)[0]
         result = run_eval(cfg, checkpoint, samples)
-    except (CheckpointError, ConfigError, ModelError, DataError) as e:
+    except _user_errors() as e:
         return fail(str(e))
     except RewardError as e:
         return fail(str(e), 1)

@@ -62,9 +62,7 @@ def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, met
         "shuffle": c.shuffle.get_state(),
         "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
     }
-    tensors = {WEIGHTS: {k: v.detach().float() if v.dtype == torch.bfloat16 else v.detach()
-                         for k, v in trainable_tensors(c).items()},
-               OPTIMIZER: opt_tensors, RNG: rng}
+    tensors = {WEIGHTS: trainable_tensors(c), OPTIMIZER: opt_tensors, RNG: rng}
     extra = _peft_writer(c.policy.model) if c.policy.lora else None
     path = ckpt.write_checkpoint(run_dir / "checkpoints", step, tensors, {ckpt.STATE: state, CONFIG: config_yaml},
                                  extra)
@@ -88,12 +86,7 @@ def load_weights(c: Any, path: Path) -> None:
         raise ckpt.CheckpointError(
             f"checkpoint {path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
-    with torch.no_grad():
-        for name, p in own.items():
-            if saved[name].shape != p.shape:
-                raise ckpt.CheckpointError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, "
-                                           f"model has {tuple(p.shape)}")
-            p.copy_(saved[name])
+    _copy_into(own, saved, path)
 
 
 def load_policy_weights(model: Any, path: Path) -> None:
@@ -106,9 +99,17 @@ def load_policy_weights(model: Any, path: Path) -> None:
     missing = sorted(set(saved) - set(own))
     if missing:
         raise ckpt.CheckpointError(f"checkpoint {path} does not fit this model: no parameter {missing[0]}")
+    _copy_into({name: own[name] for name in saved}, saved, path)
+
+
+def _copy_into(own: dict[str, Tensor], saved: dict[str, Tensor], path: Path) -> None:
+    """``own[name] <- saved[name]`` for every name in ``own``, refusing a shape mismatch."""
     with torch.no_grad():
-        for name, value in saved.items():
-            own[name].copy_(value)
+        for name, p in own.items():
+            if saved[name].shape != p.shape:
+                raise ckpt.CheckpointError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, "
+                                           f"model has {tuple(p.shape)}")
+            p.copy_(saved[name])
 
 
 def restore(c: Any, path: Path) -> dict[str, Any]:
