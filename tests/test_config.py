@@ -41,6 +41,7 @@ def test_conf_found_in_checkout():
         ("trainr.steps=1", "unknown config key 'trainr.steps': no 'trainr' in the top level; valid keys: algo"),
         ("trainer.steps=abc", "invalid value for 'trainer.steps'"),
         ("model.lora=3", "invalid value for 'model.lora'"),
+        ("model.attn_implementation=flash", "model.attn_implementation='flash'; valid choices: auto, eager, sdpa"),
         ("algo.loss_agg=tokenmean", "algo.loss_agg='tokenmean' is not a known loss aggregation; valid choices"),
         ("reward.weights=[1,2]", "reward.weights has 2 entries but reward.fns has 1"),
         ("algo.num_mini_batches=3", "must divide the rollout batch"),

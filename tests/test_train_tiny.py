@@ -107,3 +107,15 @@ def test_bad_data_row_exits_2(tmp_path):
     proc = run_cli(["train", *TINY, "data=jsonl", f"data.path={data}", f"hydra.run.dir={tmp_path / 'r'}"], cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"rlft: error: {data}:2: missing field 'answer' (has: prompt)"
+
+
+def test_time_budget_stops_evaluates_and_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    proc = run_cli(["train", *TINY, "trainer.steps=50", "trainer.max_minutes=0.00001", f"hydra.run.dir={run}"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert "eval/accuracy" in rows[1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
+    assert "time budget of 1e-05 min reached after step 1" in (run / "train.log").read_text()
