@@ -33,7 +33,6 @@ test-all: install
 
 lint: install
 	$(VENV)/bin/ruff check rlft tests scripts
-	$(VENV)/bin/ruff format --check rlft tests scripts
 
 bench: install
 	$(PY) scripts/bench_step.py $(ARGS)

@@ -71,7 +71,7 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     from rlft.data import build_task
     from rlft.models import build_policy
     from rlft.models.loading import quiet_libraries
-    from rlft.rollout import build_sampler
+    from rlft.rollout import build_sampler, sync_sampler
     from rlft.run_state import load_policy_weights
 
     quiet_libraries()
@@ -80,7 +80,7 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed)
     if checkpoint is not None:
         load_policy_weights(policy.model, checkpoint)
-        sampler.load_weights(policy.sampler_weights())
+        sync_sampler(sampler, policy)
     result: dict[str, Any] = {"model": str(checkpoint) if checkpoint else cfg.model.name, "problems": len(problems),
                               "temperature": cfg.sampler.temperature, "samples": samples}
     result.update(evaluate(sampler, policy.tokenizer, problems, cfg))

@@ -31,7 +31,7 @@ from rlft.models.loading import quiet_libraries
 from rlft.plots import plot_run
 from rlft.rewards import resolve_reward, score_samples
 from rlft.rewards.registry import Sample
-from rlft.rollout import Generations, Sampler, SamplingParams, build_sampler
+from rlft.rollout import Generations, Sampler, SamplingParams, build_sampler, sync_sampler
 from rlft.tracking import Tracker, keep_metrics_through
 
 
@@ -278,7 +278,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
     if resume is not None:
         saved = run_state.restore(c, resume)
         start, last = int(saved["step"]), saved.get("metrics", {})
-        c.sampler.load_weights(c.policy.sampler_weights())
+        sync_sampler(c.sampler, c.policy)
         keep_metrics_through(run_dir / "metrics.jsonl", start, resume.parent.parent / "metrics.jsonl")
     tracker = Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, _as_dict(resolved_yaml), start)
     _announce(tracker, c, cfg, run_dir, resume, harmless)
@@ -408,7 +408,7 @@ def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
                                  c.state.penalty_beta))
     adapt_coefficients(c, rollout.batch, cfg, metrics)
     t1 = time.perf_counter()
-    c.sampler.load_weights(c.policy.sampler_weights())
+    sync_sampler(c.sampler, c.policy)
     t2 = time.perf_counter()
     metrics["update/skipped"] = 0.0
     metrics["time/update_s"] = t1 - t0

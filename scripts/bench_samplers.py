@@ -1,10 +1,14 @@
 """Compare sampler=vllm with sampler=hf on the same rollout batch, in one run.
 
-    python scripts/bench_samplers.py [--steps N] [KEY=VALUE ...]
+    python scripts/bench_samplers.py [--steps N] [--adapter] [KEY=VALUE ...]
 
 Builds both samplers from the same config, then for each measured step samples the same
 prompts with each (alternating, so machine noise hits both alike) and runs a full training
 step with each sampler. Prints rollout tokens/s, full step time and weight-sync share.
+``--adapter`` adds a third engine, vLLM serving the LoRA adapter (``sampler.vllm.sync=adapter``).
+
+Then, rollouts only, on one fixed batch: each sampler and transformers' own ``generate()``
+(on the hf sampler's model, the stock path TRL's GRPOTrainer takes), alternating per round.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3, help="measured steps per sampler")
+    parser.add_argument("--adapter", action="store_true", help="also time vLLM serving the adapter")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
@@ -27,10 +32,13 @@ def main() -> int:
     from rlft.config import ConfigError, compose
     from rlft.trainer import build_components, train_step
 
+    samplers = {"vllm": ["sampler=vllm"], "hf": ["sampler=hf"]}
+    if args.adapter:
+        samplers["vllm-adapter"] = ["sampler=vllm", "sampler.vllm.sync=adapter"]
     runs = {}
-    for name in ("vllm", "hf"):
+    for name, extra in samplers.items():
         try:
-            cfg, _, _ = compose(args.overrides + [f"sampler={name}", f"trainer.steps={args.steps + 1}"])
+            cfg, _, _ = compose(args.overrides + extra + [f"trainer.steps={args.steps + 1}"])
         except ConfigError as e:
             print(f"bench_samplers: error: {e}", file=sys.stderr)
             return 2
@@ -60,7 +68,58 @@ def main() -> int:
     step = mean("hf", "time/step_s") / mean("vllm", "time/step_s")
     console.print(f"vllm/hf rollout tokens/s: {speed:.2f}x | hf/vllm step time: {step:.2f}x | "
                   f"mean over {args.steps} steps each after 1 warm-up")
+    rollout_only(runs, args.steps, console)
     return 0
+
+
+def rollout_only(runs: dict, rounds: int, console) -> None:
+    """Rollout tokens/s of each sampler and of stock ``generate()`` on one batch, ``rounds`` times each."""
+    from rich.table import Table
+
+    from rlft.data.chat import prompt_ids
+    from rlft.trainer import sampling_params
+
+    c, cfg = runs["hf"]["c"], runs["hf"]["cfg"]
+    tokenizer = c.policy.tokenizer
+    prompts = [prompt_ids(tokenizer, p.prompt, cfg.data.system_prompt) for p in c.task.batch(0, cfg.trainer.num_prompts)]
+    params = sampling_params(cfg, 0)
+    timers = {name: lambda r=r: r["c"].sampler.generate(prompts, params).num_tokens for name, r in runs.items()}
+    timers["transformers generate()"] = lambda: stock_generate(c.sampler.model, tokenizer, prompts, params)
+    seconds = {name: [] for name in timers}
+    tokens = {name: 0 for name in timers}
+    for _ in range(rounds + 1):  # the first round is warm-up
+        for name, fn in timers.items():
+            t0 = time.perf_counter()
+            n = fn()
+            seconds[name].append(time.perf_counter() - t0)
+            tokens[name] = n
+    rate = {name: tokens[name] / statistics.mean(seconds[name][1:]) for name in timers}
+    table = Table(title=f"rollouts only: {len(prompts)} prompts x {params.n}, {params.max_new_tokens} new tokens")
+    for col in ("path", "s / rollout", "tokens", "tok/s", "vllm speed-up"):
+        table.add_column(col, justify="right")
+    for name in timers:
+        table.add_row(name, f"{statistics.mean(seconds[name][1:]):.2f}", str(tokens[name]), f"{rate[name]:.0f}",
+                      f"{rate['vllm'] / rate[name]:.2f}x")
+    console.print(table)
+
+
+def stock_generate(model, tokenizer, prompts: list[list[int]], params) -> int:
+    """transformers' ``generate()`` on left-padded prompts; returns the tokens generated up to each EOS."""
+    import torch
+
+    pad, width = tokenizer.pad_token_id, max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature, top_p=params.top_p,
+            top_k=params.top_k or None, max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
+            pad_token_id=pad,
+        )[:, width:]
+    eos = (out == tokenizer.eos_token_id).int()
+    # tokens up to and including the first EOS (generate pads finished rows; those are not output)
+    before_eos = (eos.cumsum(-1) - eos) == 0
+    return int(before_eos.sum())
 
 
 if __name__ == "__main__":

