@@ -88,11 +88,18 @@ class _TokenLogProbs(torch.autograd.Function):
         entropy = torch.empty(n, dtype=torch.float32)
         lse = torch.empty(n, dtype=torch.float32)
         for s in range(0, n, chunk):
-            logits = _logits(hidden[s : s + chunk], weight, temperature)
-            lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
-            log_probs = logits.sub_(lse[s : s + chunk, None])  # in place: logits are not needed again
-            logp[s : s + chunk] = log_probs.gather(-1, targets[s : s + chunk, None]).squeeze(-1)
-            entropy[s : s + chunk] = -(log_probs.exp() * log_probs).sum(-1)
+            # One exp pass serves the normalizer, the target's log-prob and the entropy:
+            # with z = logits - max, e = exp(z), S = sum(e): logp = z[target] - log S and
+            # entropy = log S - sum(e z) / S. Each pass over (chunk, V) costs memory bandwidth.
+            z = _logits(hidden[s : s + chunk], weight, temperature)
+            top = z.amax(-1, keepdim=True)
+            z.sub_(top)
+            e = z.exp()
+            total = e.sum(-1)
+            log_total = total.log()
+            lse[s : s + chunk] = top.squeeze(-1) + log_total
+            logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - log_total
+            entropy[s : s + chunk] = log_total - torch.bmm(e[:, None, :], z[:, :, None]).view(-1) / total
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
@@ -124,7 +131,7 @@ def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
 
 
 def token_logprobs(
-    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 1024
+    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 128
 ) -> tuple[Tensor, Tensor]:
     """Log-probs (and entropies) of each row's completion tokens under ``model``.
 

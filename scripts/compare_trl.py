@@ -149,7 +149,7 @@ def speed(args: argparse.Namespace) -> None:
     tokens = statistics.mean(r["tokens/generated"] for r in measured)
     length = statistics.mean(r["response/mean_length"] for r in measured)
     console.print(f"rlft: {tokens:.0f} generated tokens/step, {length:.1f} mean completion length; peak RSS "
-                  f"{rlft_rss:.2f} GB (incl. the vLLM engine's KV cache, sampler.vllm.gpu_memory_utilization of RAM)")
+                  f"{rlft_rss:.2f} GB (incl. the vLLM engine and its KV cache, sampler.vllm.kv_cache_gb)")
     if trl_times:
         console.print(f"peak RSS after TRL ran in the same process: {_peak_rss_gb():.2f} GB")
 
