@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint bench clean install-bench results-speed results-dapo results-trl
+.PHONY: install train test test-slow test-all lint bench clean install-bench results-speed results-dapo results-trl results-samplers
 
 install: $(STAMP)
 
@@ -53,6 +53,9 @@ results-dapo: install
 		trainer.save_every=20 trainer.keep_last=2 hydra.run.dir=$(RUNS)/dapo30
 	$(VENV)/bin/rlft eval $(RUNS)/dapo30 --samples 8 --out $(RUNS)/dapo30/eval.json
 	$(PY) scripts/plot_runs.py docs/img/dapo30 dapo=$(RUNS)/dapo30
+
+results-samplers: install
+	$(PY) scripts/bench_samplers.py --steps 3 --adapter
 
 results-trl: install-bench
 	$(PY) scripts/compare_trl.py learn --minutes 7

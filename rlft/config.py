@@ -167,7 +167,7 @@ class VLLMConfig:
     sleep: bool = True
     """GPU only: put the engine to sleep while the learner runs, freeing its memory."""
     enforce_eager: bool | None = None
-    """Skip vLLM's graph compilation (None: skip on CPU, where compiling took ~80 s for ~15% faster decoding)."""
+    """Skip vLLM's graph compilation (None: skip on CPU, where compiling took 80-110 s and decoded no faster)."""
     sync: str = "merged"
     """How each update reaches the engine: merged (LoRA merged into the base weights, pushed in place)
     or adapter (the engine serves the LoRA adapter itself; on CPU vLLM's LoRA kernels decode ~4x slower)."""

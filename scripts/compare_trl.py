@@ -181,6 +181,7 @@ def learn(args: argparse.Namespace) -> None:
         run = Path(d) / "rlft"
         t0 = time.perf_counter()
         from rlft.config import compose
+        from rlft.tracking import read_metrics
         from rlft.trainer import train
 
         cfg, raw, _ = compose(JOB + args.rlft + ["trainer.steps=1000", "trainer.eval_every=0",
@@ -189,7 +190,8 @@ def learn(args: argparse.Namespace) -> None:
 
         train(cfg, run, OmegaConf.to_yaml(raw, resolve=True))
         rlft_s = time.perf_counter() - t0
-        results["rlft"] = (_held_out(None, run / "checkpoints" / _last(run), args.samples), rlft_s)
+        steps = sum(1 for r in read_metrics(run / "metrics.jsonl") if r.get("step", 0) > 0)
+        results["rlft"] = (_held_out(None, run / "checkpoints" / _last(run), args.samples), rlft_s, steps)
         if not args.skip_trl:
             times: list[float] = []
             t0 = time.perf_counter()
@@ -201,10 +203,11 @@ def learn(args: argparse.Namespace) -> None:
             trainer.processing_class.save_pretrained(merged)
             results["TRL"] = (_held_out(str(merged), None, args.samples), trl_s, len(times))
     table = Table(title=f"held-out 2-digit additions after a {args.minutes:g}-minute budget")
-    for col in ("", "wall s", "greedy acc", f"pass@1 (T=1, {args.samples} samples)"):
+    for col in ("", "wall s", "steps", "greedy acc", f"pass@1 (T=1, {args.samples} samples)"):
         table.add_column(col)
-    for name, (res, secs, *_) in results.items():
-        table.add_row(name, f"{secs:.0f}", f"{res['eval/accuracy']:.3f}", f"{res.get('eval/pass@1', float('nan')):.3f}")
+    for name, (res, secs, steps) in results.items():
+        table.add_row(name, f"{secs:.0f}", str(steps), f"{res['eval/accuracy']:.3f}",
+                      f"{res.get('eval/pass@1', float('nan')):.3f}")
     Console().print(table)
 
 
