@@ -13,8 +13,7 @@ class RolloutBatch:
     """One rollout, padded. Each row is prompt + completion, right-padded (positions start at 0).
 
     Attributes:
-        input_ids: (B, L) prompt then completion tokens.
-        attention_mask: (B, L).
+        input_ids: (B, L) prompt then completion tokens (padding after ``resp_start + resp_len``).
         resp_start: (B,) index in ``input_ids`` of each row's first completion token.
         resp_len: (B,) completion length in tokens.
         response_mask: (B, T) 1 on completion tokens that enter the loss.
@@ -30,7 +29,6 @@ class RolloutBatch:
     """
 
     input_ids: Tensor
-    attention_mask: Tensor
     resp_start: Tensor
     resp_len: Tensor
     response_mask: Tensor
@@ -56,12 +54,11 @@ class RolloutBatch:
         sub = replace(self, **picked)
         t_len = max(1, int(sub.resp_len.max().item()))
         l_len = int((sub.resp_start + sub.resp_len).max().item())
-        trims = {"input_ids": l_len, "attention_mask": l_len}
         out = {}
         for f in fields(sub):
             v = getattr(sub, f.name)
-            if f.name in trims:
-                out[f.name] = v[:, : trims[f.name]]
+            if f.name == "input_ids":
+                out[f.name] = v[:, :l_len]
             elif isinstance(v, Tensor) and v.dim() == 2:
                 out[f.name] = v[:, :t_len]
             else:
@@ -71,7 +68,7 @@ class RolloutBatch:
 
 def pack(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Concatenate each prompt with its completion and right-pad.
 
     Args:
@@ -80,21 +77,19 @@ def pack(
         pad_id: Padding token.
 
     Returns:
-        ``input_ids`` (B, L), ``attention_mask`` (B, L), ``resp_start`` (B,), ``resp_len`` (B,),
-        ``response_mask`` (B, T) with T the longest completion (at least 1).
+        ``input_ids`` (B, L), ``resp_start`` (B,), ``resp_len`` (B,), ``response_mask`` (B, T)
+        with T the longest completion (at least 1).
     """
     b = len(prompts)
     seq_len = max(len(p) + len(c) for p, c in zip(prompts, completions))
     t_len = max(1, max(len(c) for c in completions))
     input_ids = torch.full((b, seq_len), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, seq_len), dtype=torch.long)
     response_mask = torch.zeros((b, t_len), dtype=torch.float32)
     resp_start = torch.zeros(b, dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompts, completions)):
         row = p + c
         input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        attention[i, : len(row)] = 1
         resp_start[i] = len(p)
         response_mask[i, : len(c)] = 1.0
     resp_len = torch.tensor([len(c) for c in completions], dtype=torch.long)
-    return input_ids, attention, resp_start, resp_len, response_mask
+    return input_ids, resp_start, resp_len, response_mask

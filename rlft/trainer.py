@@ -169,9 +169,9 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
     if not rows:
         return Rollout(None, metrics)
     prompts, comps, cut, scores, gid, lps = (list(x) for x in zip(*rows))
-    input_ids, attn, start, length, mask = pack(prompts, comps, c.policy.tokenizer.pad_token_id)
+    input_ids, start, length, mask = pack(prompts, comps, c.policy.tokenizer.pad_token_id)
     batch = RolloutBatch(
-        input_ids, attn, start, length, mask, torch.tensor(gid), torch.tensor(scores, dtype=torch.float32),
+        input_ids, start, length, mask, torch.tensor(gid), torch.tensor(scores, dtype=torch.float32),
         torch.tensor(cut, dtype=torch.bool),
     )
     if all(lp is not None for lp in lps):

@@ -28,17 +28,16 @@ def _batch(n_rows=5, seed=0):
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(5, 3000, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(n_rows)]
     comps = [torch.randint(5, 3000, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist() for _ in range(n_rows)]
-    ids, attn, start, length, mask = pack(prompts, comps, pad_id=2)
+    ids, start, length, mask = pack(prompts, comps, pad_id=2)
     groups = torch.arange(n_rows) // 2
     scores = torch.randn(n_rows, generator=g)
     cut = torch.zeros(n_rows, dtype=torch.bool)
-    return prompts, comps, RolloutBatch(ids, attn, start, length, mask, groups, scores, cut)
+    return prompts, comps, RolloutBatch(ids, start, length, mask, groups, scores, cut)
 
 
 def test_pack_layout():
-    ids, attn, start, length, mask = pack([[7, 8], [9]], [[1, 2, 3], [4]], pad_id=0)
+    ids, start, length, mask = pack([[7, 8], [9]], [[1, 2, 3], [4]], pad_id=0)
     assert ids.tolist() == [[7, 8, 1, 2, 3], [9, 4, 0, 0, 0]]
-    assert attn.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
     assert start.tolist() == [2, 1] and length.tolist() == [3, 1]
     assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
 
@@ -141,8 +140,8 @@ def test_shared_prompt_pass_equals_full_forward_with_gradients(tiny):
     base_prompts = [[1, 77, 300, 41], [1, 9, 2500, 600, 12, 7]]
     prompts = [base_prompts[i // 3] for i in range(6)]
     comps = [torch.randint(5, 3000, (n,), generator=g).tolist() for n in (3, 1, 5, 4, 2, 5)]
-    ids, attn, start, length, mask = pack(prompts, comps, pad_id=2)
-    batch = RolloutBatch(ids, attn, start, length, mask, torch.arange(6) // 3, torch.zeros(6),
+    ids, start, length, mask = pack(prompts, comps, pad_id=2)
+    batch = RolloutBatch(ids, start, length, mask, torch.arange(6) // 3, torch.zeros(6),
                          torch.zeros(6, dtype=torch.bool))
     weights = torch.randn(mask.shape, generator=g) * mask
     params = [p for p in policy.model.parameters() if p.requires_grad]

@@ -39,9 +39,9 @@ def _learner_logprobs(cfg, policy, prompts, gens):
     from rlft.batch import RolloutBatch, pack
     from rlft.learner import token_logprobs
 
-    ids, attn, start, length, mask = pack([prompts[i] for i in gens.prompt_index], gens.completion_ids, 2)
+    ids, start, length, mask = pack([prompts[i] for i in gens.prompt_index], gens.completion_ids, 2)
     n = len(gens.completion_ids)
-    batch = RolloutBatch(ids, attn, start, length, mask, torch.zeros(n), torch.zeros(n), torch.zeros(n, dtype=torch.bool))
+    batch = RolloutBatch(ids, start, length, mask, torch.zeros(n), torch.zeros(n), torch.zeros(n, dtype=torch.bool))
     with torch.no_grad(), policy.autocast():
         logp, _ = token_logprobs(policy.model, batch, cfg.sampler.temperature)
     sampler_logp = torch.zeros_like(mask)
