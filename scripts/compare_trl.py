@@ -9,8 +9,9 @@ lr 1e-4, 2-digit additions "What is a + b? Reply with just the number.", reward 
 reply's last integer is the sum. TRL runs with bf16=True (its fastest setting here) and its
 defaults otherwise; rlft with its defaults for the job (vLLM sampler when installed).
 
-``speed`` prints the mean step time of each after warm-up, and rlft's phase breakdown
-against the arithmetic floor. ``learn`` trains each for the same wall-clock budget and then
+``speed`` prints the mean step time of each after warm-up (rlft's measured steps bracket
+TRL's: ``--steps`` before and ``--steps`` after), and rlft's phase breakdown against the
+arithmetic floor at the bf16 GEMM speed measured in the same run. ``learn`` trains each for the same wall-clock budget and then
 scores both on the same 200 held-out problems (greedy accuracy, and pass@1 with T=1 and
 ``--samples`` samples) with rlft's evaluator. Needs TRL: pip install 'rlft[bench]'.
 """
@@ -30,8 +31,10 @@ JOB = [
     "sampler.n=8", "sampler.max_new_tokens=64", "optim.lr=1e-4", "data.digits=2", "reward=math",
     "logger.console=false",
 ]
-# Forward+backward through the frozen base and generation, from issue 6's accounting, at bf16 ~700 GFLOP/s.
-FLOOR_S = 3.5
+# Issue 6's accounting of one step: generation ~0.55 TFLOP, forward+backward through the frozen
+# base ~1.8 TFLOP. At the ~700 GFLOP/s bf16 the issue measured, a floor of ~3.5 s.
+STEP_TFLOP = 2.4
+ISSUE_GFLOPS = 700.0
 
 
 def _rlft_cfg(extra: list[str]):
@@ -118,25 +121,39 @@ def speed(args: argparse.Namespace) -> None:
     from rich.table import Table
 
     n = args.warmup + args.steps
-    _, _, runs = _rlft_steps(n, args.rlft)
+    gflops = [matmul_gflops()]
+    c, cfg, runs = _rlft_steps(n, args.rlft)
     measured = runs[args.warmup :]
-    rlft_step = statistics.mean(r["time/step_s"] for r in measured)
     rlft_rss = _peak_rss_gb()  # before TRL runs in this process
     trl_times: list[float] = []
     if not args.skip_trl:
         with tempfile.TemporaryDirectory() as d:
             _trl_trainer(n, Path(d), None, trl_times, gc=not args.trl_no_gc).train()
+        # The machine's speed drifts by up to 2x within minutes: rlft's steps bracket TRL's,
+        # before and after, so a slow spell does not land on one tool only.
+        from rlft.trainer import train_step
+
+        measured += [train_step(n + i + 1, c, cfg) for i in range(args.steps)]
+    gflops.append(matmul_gflops())
+    rlft_step = statistics.mean(r["time/step_s"] for r in measured)
     console = Console()
     table = Table(title="step time after warm-up (same job, this machine, one run)")
     for col in ("", "mean step s", "steps"):
         table.add_column(col)
-    table.add_row("rlft", f"{rlft_step:.2f}", str(len(measured)))
+    halves = [statistics.mean(r["time/step_s"] for r in part) for part in (measured[: args.steps], measured[args.steps :]) if part]
+    table.add_row("rlft" + (" (before / after TRL: " + " / ".join(f"{h:.2f}" for h in halves) + ")" if len(halves) > 1 else ""),
+                  f"{rlft_step:.2f}", str(len(measured)))
     if trl_times:
         trl_step = statistics.mean(trl_times[args.warmup :])
         table.add_row(f"TRL 1.16 GRPOTrainer (bf16{', no grad ckpt' if args.trl_no_gc else ''})", f"{trl_step:.2f}", str(len(trl_times[args.warmup:])))
         table.add_row("ratio TRL / rlft", f"{trl_step / rlft_step:.2f}x", "")
     console.print(table)
-    phases = Table(title=f"rlft step breakdown (floor ~{FLOOR_S} s of arithmetic at bf16 ~700 GFLOP/s)")
+    rate = statistics.mean(gflops)
+    floor_s = STEP_TFLOP * 1e3 / rate
+    console.print(f"bf16 GEMM now: {gflops[0]:.0f} GFLOP/s before, {gflops[-1]:.0f} after (issue 6 assumed "
+                  f"{ISSUE_GFLOPS:.0f}); floor of the step's {STEP_TFLOP} TFLOP at {rate:.0f}: {floor_s:.1f} s "
+                  f"({STEP_TFLOP * 1e3 / ISSUE_GFLOPS:.1f} s at {ISSUE_GFLOPS:.0f})")
+    phases = Table(title=f"rlft step breakdown (floor {floor_s:.1f} s at the measured {rate:.0f} GFLOP/s)")
     for col in ("phase", "seconds", "share"):
         phases.add_column(col)
     for label, key in [("generate", "time/generate_s"), ("reward", "time/reward_s"),
@@ -144,7 +161,7 @@ def speed(args: argparse.Namespace) -> None:
                        ("weight sync", "time/sync_s")]:
         v = statistics.mean(r[key] for r in measured)
         phases.add_row(label, f"{v:.2f}", f"{100 * v / rlft_step:.0f}%")
-    phases.add_row("step", f"{rlft_step:.2f}", f"{rlft_step / FLOOR_S:.1f}x floor")
+    phases.add_row("step", f"{rlft_step:.2f}", f"{rlft_step / floor_s:.1f}x floor")
     console.print(phases)
     tokens = statistics.mean(r["tokens/generated"] for r in measured)
     length = statistics.mean(r["response/mean_length"] for r in measured)
@@ -152,6 +169,22 @@ def speed(args: argparse.Namespace) -> None:
                   f"{rlft_rss:.2f} GB (incl. the vLLM engine and its KV cache, sampler.vllm.kv_cache_gb)")
     if trl_times:
         console.print(f"peak RSS after TRL ran in the same process: {_peak_rss_gb():.2f} GB")
+
+
+def matmul_gflops(reps: int = 50) -> float:
+    """bf16 GEMM throughput now, at the job's commonest large shape: 1024 tokens x 576 -> 1536
+    (the MLP of SmolLM2-135M). Median of ``reps``; this machine's speed drifts between days."""
+    import torch
+
+    x = torch.randn(1024, 576, dtype=torch.bfloat16)
+    w = torch.randn(1536, 576, dtype=torch.bfloat16)
+    times = []
+    for i in range(reps + 3):
+        t = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        if i >= 3:
+            times.append(time.perf_counter() - t)
+    return 2 * 1024 * 576 * 1536 / statistics.median(times) / 1e9
 
 
 def _peak_rss_gb() -> float:
