@@ -170,7 +170,7 @@ class VLLMConfig:
     """Skip vLLM's graph compilation (None: skip on CPU, where compiling took 80-110 s and decoded no faster)."""
     sync: str = "merged"
     """How each update reaches the engine: merged (LoRA merged into the base weights, pushed in place)
-    or adapter (the engine serves the LoRA adapter itself; on CPU vLLM's LoRA kernels decode ~4x slower)."""
+    or adapter (the engine serves the LoRA adapter itself; on CPU vLLM's LoRA kernels decode ~6-7x slower)."""
 
 
 @dataclass

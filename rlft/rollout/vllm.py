@@ -135,4 +135,3 @@ class VLLMSampler:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
-
