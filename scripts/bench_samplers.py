@@ -85,21 +85,21 @@ def rollout_only(runs: dict, rounds: int, console) -> None:
     params = sampling_params(cfg, 0)
     timers = {name: lambda r=r: r["c"].sampler.generate(prompts, params).num_tokens for name, r in runs.items()}
     timers["transformers generate()"] = lambda: stock_generate(c.sampler.model, tokenizer, prompts, params)
-    seconds = {name: [] for name in timers}
-    tokens = {name: 0 for name in timers}
+    seconds: dict[str, list[float]] = {name: [] for name in timers}
+    tokens: dict[str, list[int]] = {name: [] for name in timers}
     for _ in range(rounds + 1):  # the first round is warm-up
         for name, fn in timers.items():
             t0 = time.perf_counter()
-            n = fn()
+            tokens[name].append(fn())
             seconds[name].append(time.perf_counter() - t0)
-            tokens[name] = n
-    rate = {name: tokens[name] / statistics.mean(seconds[name][1:]) for name in timers}
+    # Sampled lengths differ between rounds: rate over the same measured rounds for both.
+    rate = {name: sum(tokens[name][1:]) / sum(seconds[name][1:]) for name in timers}
     table = Table(title=f"rollouts only: {len(prompts)} prompts x {params.n}, {params.max_new_tokens} new tokens")
-    for col in ("path", "s / rollout", "tokens", "tok/s", "vllm speed-up"):
+    for col in ("path", "s / rollout", "tokens (mean)", "tok/s", "vllm speed-up"):
         table.add_column(col, justify="right")
     for name in timers:
-        table.add_row(name, f"{statistics.mean(seconds[name][1:]):.2f}", str(tokens[name]), f"{rate[name]:.0f}",
-                      f"{rate['vllm'] / rate[name]:.2f}x")
+        table.add_row(name, f"{statistics.mean(seconds[name][1:]):.2f}", f"{statistics.mean(tokens[name][1:]):.0f}",
+                      f"{rate[name]:.0f}", f"{rate['vllm'] / rate[name]:.2f}x")
     console.print(table)
 
 
