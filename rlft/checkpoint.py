@@ -4,15 +4,20 @@ A checkpoint is ``checkpoints/step_NNNNNN/`` holding safetensors files, JSON fil
 ``manifest.json`` written last that lists every file with its size. It is assembled in a
 hidden temporary directory, fsynced, then renamed into place, so a process killed at any
 moment leaves either a complete checkpoint or nothing that :func:`latest_checkpoint` would
-return. Nothing here unpickles: tensors are safetensors, everything else is JSON.
+return. Re-saving a step swaps the new copy in atomically, and pruning removes only the
+leftovers of writers that are gone. Nothing here unpickles: tensors are safetensors,
+everything else is JSON.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +31,9 @@ STATE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d{6,})$")
 # Tests kill the process inside a write: this many seconds pass between the first file and the manifest.
 FAULT_DELAY_ENV = "RLFT_FAULT_SAVE_DELAY"
+# ... and between a re-saved step's new copy taking its place and the previous copy's removal.
+FAULT_SWAP_DELAY_ENV = "RLFT_FAULT_SWAP_DELAY"
+_LEFTOVER = re.compile(r"^\.(?:tmp|old)-step_\d{6,}-(\d{1,9})$")
 
 
 class CheckpointError(ValueError):
@@ -65,8 +73,8 @@ def write_checkpoint(
     tmp.mkdir()
     for i, (name, tensor_dict) in enumerate(tensors.items()):
         save_file({k: v.detach().contiguous() for k, v in tensor_dict.items()}, str(tmp / name))
-        if i == 0 and os.environ.get(FAULT_DELAY_ENV):
-            time.sleep(float(os.environ[FAULT_DELAY_ENV]))
+        if i == 0:
+            _fault_pause(FAULT_DELAY_ENV)
     for name, obj in jsons.items():
         (tmp / name).write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=1))
     if extra is not None:
@@ -77,15 +85,56 @@ def write_checkpoint(
     for p in [*files, tmp / MANIFEST]:
         _fsync(p)
     _fsync(tmp)
-    if final.exists():  # re-saving a step: swap, so some complete copy is always in place
-        old = root / f".old-{final.name}-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
+    _put_in_place(tmp, final)
     _fsync(root)
     return final
+
+
+def _put_in_place(tmp: Path, final: Path) -> None:
+    """Rename the complete ``tmp`` to ``final``; when re-saving a step, replace the existing copy.
+
+    No portable call replaces a non-empty directory, and renaming the old copy aside first leaves an
+    instant with no ``final``; Linux's RENAME_EXCHANGE swaps the two names atomically, so a complete
+    copy of the step is always in place. Elsewhere (or on a filesystem that refuses the swap) the
+    two renames remain, with that short gap.
+    """
+    if not final.exists():
+        os.rename(tmp, final)
+        return
+    if _exchange(tmp, final):
+        _fault_pause(FAULT_SWAP_DELAY_ENV)
+        shutil.rmtree(tmp)  # now the previous copy
+        return
+    old = final.parent / f".old-{final.name}-{os.getpid()}"
+    os.rename(final, old)
+    _fault_pause(FAULT_SWAP_DELAY_ENV)
+    os.rename(tmp, final)
+    shutil.rmtree(old)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with renameat2(2); False where the kernel, libc or filesystem cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc < 2.28, or a libc without the wrapper
+        return False
+    at_cwd = -100  # AT_FDCWD: the paths are absolute or relative to the working directory
+    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _fault_pause(env: str) -> None:
+    if os.environ.get(env):
+        time.sleep(float(os.environ[env]))
 
 
 def _fsync(path: Path) -> None:
@@ -98,6 +147,12 @@ def _fsync(path: Path) -> None:
 
 def is_complete(path: Path) -> bool:
     """The manifest exists and every file it lists is there with its recorded size."""
+    # A re-save of this step may swap the directory between our reading its manifest and its files;
+    # a second look then sees the new copy whole.
+    return _complete(path) or _complete(path)
+
+
+def _complete(path: Path) -> bool:
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         return all((path / f).stat().st_size == size for f, size in manifest["files"].items())
@@ -124,16 +179,35 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def prune(root: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` complete checkpoints, and leftovers of killed writes."""
+    """Delete all but the newest ``keep_last`` complete checkpoints, and leftovers of writes that died."""
     removed = []
     for p in root.iterdir() if root.is_dir() else []:
-        if p.name.startswith((".tmp-", ".old-")) and not p.name.endswith(f"-{os.getpid()}"):
+        m = _LEFTOVER.match(p.name)
+        if m and not _writing(int(m.group(1))):
             shutil.rmtree(p, ignore_errors=True)
     if keep_last > 0:
         for p in list_checkpoints(root)[:-keep_last]:
             shutil.rmtree(p)
             removed.append(p)
     return removed
+
+
+def _writing(pid: int) -> bool:
+    """Whether another process named ``pid`` may still be writing its ``.tmp-``/``.old-`` directory.
+
+    Our own leftovers are dead: prune runs after our write returned. Signal 0 only checks that the
+    pid exists. A reused pid keeps a leftover until that process ends (a leak, never a loss); a
+    writer in another pid namespace or on another host sharing the directory is taken for dead.
+    """
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
 
 
 def resolve(spec: str, run_dir: Path, label: str = "trainer.resume=") -> Path | None:

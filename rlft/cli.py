@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-from pathlib import Path
 
 USAGE = """rlft train [KEY=VALUE ...]
 
@@ -64,6 +64,14 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return ConfigError, DataError, ModelError, CheckpointError
 
 
+_HOME_VALUE = re.compile(r"([^=\s'\"]+)=(~[^'\",\[\](){}\\]*)")
+
+
+def quote_home(overrides: list[str]) -> list[str]:
+    """KEY=~/PATH as KEY='~/PATH': Hydra's grammar rejects an unquoted '~', and user paths expand it."""
+    return [f"{m[1]}='{m[2]}'" if (m := _HOME_VALUE.fullmatch(o)) else o for o in overrides]
+
+
 def fail(message: str, code: int = 2) -> int:
     print(f"rlft: error: {message}", file=sys.stderr)
     return code
@@ -83,11 +91,12 @@ def cmd_train(overrides: list[str], show_cfg: bool) -> int:
         print(resolved, end="")
         return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rlft.paths import user_path
     from rlft.rewards import RewardError
     from rlft.trainer import train
 
     try:
-        train(cfg, Path(run_dir), resolved)
+        train(cfg, user_path(run_dir), resolved)
     except _user_errors() as e:
         return fail(str(e))
     except RewardError as e:
@@ -101,7 +110,7 @@ def cmd_export(checkpoint: str, out_dir: str, adapter_only: bool) -> int:
     from rlft.export import export
 
     try:
-        used = export(checkpoint, Path(out_dir), adapter_only)
+        used = export(checkpoint, out_dir, adapter_only)
     except _user_errors() as e:
         return fail(str(e))
     print(f"exported {used} -> {out_dir}" + (" (adapter only)" if adapter_only else " (merged model)"))
@@ -112,13 +121,17 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
     from rlft.config import compose
     from rlft.evaluation import run_eval, write_result
     from rlft.export import checkpoint_config, find_checkpoint
+    from rlft.paths import user_path
     from rlft.rewards import RewardError
 
     path, overrides = None, list(args)
-    if overrides and ("=" not in overrides[0] or Path(overrides[0]).exists()):
+    if overrides and ("=" not in overrides[0] or user_path(overrides[0]).exists()):
         path = overrides.pop(0)
     if data:
         overrides += ["data=jsonl", f"data.path={data}", f"data.eval_path={data}"]
+    overrides = quote_home(overrides)
+    if user_path(out).is_dir():  # before the evaluation, not after minutes of it
+        return fail(f"--out {out} is a directory: give a file name")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         checkpoint = find_checkpoint(path) if path else None
@@ -128,7 +141,7 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
         return fail(str(e))
     except RewardError as e:
         return fail(str(e), 1)
-    write_result(result, Path(out))
+    write_result(result, user_path(out))
     _print_result(result, out)
     return 0
 
@@ -151,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # user reward functions in the working directory import by name
         sys.path.insert(0, os.getcwd())
     args = _parser().parse_args(argv)
+    if args.command == "train":
+        args.overrides = quote_home(args.overrides)
     if args.command == "train" and args.multirun:
         from rich.console import Console
 

@@ -138,8 +138,9 @@ class ModelConfig:
     """Where the weights come from: smollm2_gguf, path or tiny."""
     path: str | None = None
     """Local Hugging Face model directory (source=path)."""
-    dtype: str = "bf16"
-    """Compute dtype: bf16 (autocast, frozen weights in bf16) or fp32."""
+    dtype: str = "auto"
+    """Compute dtype: bf16 (autocast, frozen weights in bf16), fp32, or auto (bf16 on CUDA; on CPU
+    whichever a start-up GEMM probe at the model's shapes measures faster, logged with its figures)."""
     attn_implementation: str = "auto"
     """Learner attention kernel: eager, sdpa, or auto (eager on CPU, where it trained ~15% faster
     than sdpa's flash kernel on short RL sequences; sdpa elsewhere)."""
@@ -537,6 +538,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("algo.clip_eps_low must be in [0, 1) and algo.clip_eps_high >= 0")
     if a.beta < 0:
         raise ConfigError(f"algo.beta={a.beta} must be >= 0")
+    _check_single_pass(a)
     if len(cfg.reward.fns) == 0:
         raise ConfigError("reward.fns is empty: name at least one reward function")
     if len(cfg.reward.weights) != len(cfg.reward.fns):
@@ -544,8 +546,8 @@ def validate(cfg: Config) -> None:
             f"reward.weights has {len(cfg.reward.weights)} entries but reward.fns has "
             f"{len(cfg.reward.fns)}: give one weight per function"
         )
-    if cfg.model.dtype not in ("bf16", "fp32"):
-        raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: bf16, fp32")
+    if cfg.model.dtype not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: auto, bf16, fp32")
     if cfg.model.attn_implementation not in ("auto", "eager", "sdpa"):
         raise ConfigError(f"model.attn_implementation='{cfg.model.attn_implementation}'; valid choices: auto, eager, sdpa")
     if cfg.model.source not in ("smollm2_gguf", "path", "tiny"):
@@ -560,9 +562,52 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
     if t.keep_last < 0 or t.save_every < 0:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
+    if cfg.data.num_eval < 0:
+        raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
+    _check_model_source(cfg.model)
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
-    if cfg.sampler.name == "vllm":
+    _check_sampler(cfg)
+
+
+def _check_single_pass(a: AlgoConfig) -> None:
+    """Options that act only between optimizer steps on the same rollout."""
+    if a.ppo_epochs * a.num_mini_batches > 1:
+        return
+    fix = "set algo.ppo_epochs > 1 or algo.num_mini_batches > 1"
+    if a.policy_loss == "kl_penalty":
+        raise ConfigError(
+            "algo.policy_loss=kl_penalty with one optimizer step per rollout is the plain policy gradient: the "
+            f"penalty's gradient is 0 while the policy equals the one that sampled; {fix}"
+        )
+    if a.early_stop_kl > 0:
+        raise ConfigError(f"algo.early_stop_kl={a.early_stop_kl} has nothing to stop with one optimizer step per "
+                          f"rollout; {fix}, or algo.early_stop_kl=0")
+
+
+def _check_model_source(m: ModelConfig) -> None:
+    if m.path and m.source != "path":
+        raise ConfigError(f"model.path={m.path} is read only by model.source=path (model=local); "
+                          f"this config loads model.source={m.source}")
+    if m.lora.enabled and "lm_head" in m.lora.target_modules:
+        raise ConfigError("model.lora.target_modules: lm_head cannot carry an adapter (the learner computes "
+                          "log-probs from the head's base weight); remove it, or train it with model.lora.enabled=false")
+
+
+def _check_sampler(cfg: Config) -> None:
+    """Checks against the sampler that will run (``auto`` resolved), not the name typed."""
+    from rlft.rollout.base import resolve_name
+
+    s, a = cfg.sampler, cfg.algo
+    name = resolve_name(s.name)
+    if a.tis_cap > 0 and name != "vllm":
+        raise ConfigError(f"algo.tis_cap={a.tis_cap} corrects the sampler's log-probs, which only sampler=vllm "
+                          f"reports (this run samples with {name}); set algo.tis_cap=0 or sampler=vllm")
+    if a.tis_cap > 0 and (s.top_p < 1 or s.top_k > 0):
+        raise ConfigError(f"algo.tis_cap needs untruncated sampling: vLLM reports log-probs after top-p/top-k "
+                          f"(sampler.top_p={s.top_p}, sampler.top_k={s.top_k}) and the learner's are over the full "
+                          "vocabulary; set sampler.top_p=1 sampler.top_k=0, or algo.tis_cap=0")
+    if name == "vllm":
         from rlft.rollout.vllm import check_fused_targets, vllm_available
 
         if not vllm_available():

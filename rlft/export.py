@@ -11,6 +11,7 @@ import torch
 
 from rlft import checkpoint as ckpt
 from rlft.config import Config, compose_on
+from rlft.paths import user_path
 from rlft.run_state import CONFIG, load_policy_weights
 
 
@@ -20,7 +21,7 @@ def find_checkpoint(spec: str | Path) -> Path:
     Raises:
         CheckpointError: nothing usable there.
     """
-    found = ckpt.resolve(str(spec), Path(spec), label="")
+    found = ckpt.resolve(str(spec), user_path(spec), label="")
     if found is None:
         raise ckpt.CheckpointError(f"{spec}: no checkpoint")
     return found
@@ -45,12 +46,18 @@ def load_merged(path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.n
     return model.to(dtype).eval(), tok
 
 
-def export(spec: str | Path, out: Path, adapter_only: bool = False) -> Path:
+def export(spec: str | Path, out: str | Path, adapter_only: bool = False) -> Path:
     """Write ``out`` (which must not exist or be empty) atomically; returns the checkpoint used."""
     path = find_checkpoint(spec)
+    out = user_path(out)
+    if out.exists() and not out.is_dir():
+        raise ckpt.CheckpointError(f"{out} exists and is a file: choose a new output directory")
     if out.exists() and any(out.iterdir()):
         raise ckpt.CheckpointError(f"{out} exists and is not empty: choose a new output directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where a parent directory should be
+        raise ckpt.CheckpointError(f"{out}: cannot create its parent directory ({e.strerror})") from None
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
         if adapter_only:

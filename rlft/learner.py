@@ -253,6 +253,12 @@ def update_policy(
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch, ``num_mini_batches`` optimizer steps each.
 
+    A mini-batch with nothing to learn from (see :func:`_nothing_to_learn`) takes no optimizer step.
+    With ``early_stop_kl``, the mean approx KL(old || new) of each mini-batch is checked after
+    its forward pass and before its optimizer step, as in Spinning Up's PPO: past the threshold
+    that step and all later ones of this rollout are dropped. The first step is never dropped
+    (before it the policy is the old one, so its KL is 0 up to rounding).
+
     Args:
         policy: The policy to update in place.
         optimizer: Over the policy's (and the critic's) trainable parameters.
@@ -266,60 +272,103 @@ def update_policy(
 
     Returns:
         Metrics averaged over micro-batches (weighted by their response tokens), plus
-        ``loss`` (mean over optimizer steps), ``grad_norm``, ``lr`` and ``epochs_run``
-        (fewer than ``ppo_epochs`` when early stopping cut the update short).
+        ``loss`` (mean over optimizer steps), ``grad_norm``, ``lr``, ``epochs_run`` (fewer than
+        ``ppo_epochs`` after early stopping), ``update/optimizer_steps`` and ``update/skipped``
+        (1 when no mini-batch had anything to learn from, so nothing moved).
     """
     algo = cfg.algo
     if penalty_beta is not None:
         algo = dataclasses.replace(algo, penalty_beta=penalty_beta)
-    sums: dict[str, float] = defaultdict(float)
-    maxes: dict[str, float] = {}
-    weight = 0.0
+    acc = _MetricSums()
     losses, norms = [], []
     params = [p for group in optimizer.param_groups for p in group["params"]]
     epochs_run = 0
     for _ in range(algo.ppo_epochs):
         epochs_run += 1
-        epoch_kl, epoch_tokens = 0.0, 0.0
         order = torch.randperm(batch.size, generator=generator)
+        stop = False
         for mini in order.chunk(algo.num_mini_batches):
-            mb_mask = batch.response_mask[mini]
-            norm = LossNorm(float(len(mini)), float(mb_mask.sum()), float(cfg.sampler.max_new_tokens))
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for rows in by_length(batch, mini, cfg.trainer.micro_batch_size):
-                sub = batch.select(rows)
-                loss, metrics = _policy_loss(policy, sub, algo, cfg.sampler.temperature, norm)
-                loss.backward()
-                if critic is not None:
-                    v_loss, v_metrics = _value_loss(policy, critic, sub, algo, norm)
-                    v_loss.backward()
-                    loss = loss + v_loss
-                    metrics.update(v_metrics)
-                total += loss.item()
-                tokens = float(sub.response_mask.sum())
-                for k, v in metrics.items():
-                    if k.endswith("_max"):
-                        maxes[k] = max(maxes.get(k, 0.0), float(v))
-                    else:
-                        sums[k] += float(v) * tokens
-                weight += tokens
-                epoch_kl += float(metrics["approx_kl"]) * tokens
-                epoch_tokens += tokens
+            if _nothing_to_learn(batch, mini, algo, critic):
+                continue
+            loss, kl = _accumulate_gradients(policy, optimizer, batch, mini, cfg, algo, critic, acc)
+            if algo.early_stop_kl > 0 and losses and kl > algo.early_stop_kl:
+                stop = True
+                break
             norms.append(_clip(params, cfg.optim.max_grad_norm))
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
-            losses.append(total)
-        if algo.early_stop_kl > 0 and epoch_kl / max(epoch_tokens, 1.0) > algo.early_stop_kl:
+            losses.append(loss)
+        if stop:
             break
-    out = {k: v / max(weight, 1.0) for k, v in sums.items() if not k.endswith("_max")}
-    out.update({k: v for k, v in maxes.items()})
-    out["loss"] = sum(losses) / len(losses)
-    out["grad_norm"] = sum(norms) / len(norms)
+    out = acc.means()
+    out["loss"] = sum(losses) / len(losses) if losses else 0.0
+    out["grad_norm"] = sum(norms) / len(norms) if norms else 0.0
     out["lr"] = optimizer.param_groups[0]["lr"]
     out["epochs_run"] = float(epochs_run)
+    out["update/optimizer_steps"] = float(len(losses))
+    out["update/skipped"] = 0.0 if losses else 1.0
     return out
+
+
+def _nothing_to_learn(batch: RolloutBatch, mini: Tensor, algo: Any, critic: Critic | None) -> bool:
+    """No loss token (all masked), or zero advantages on every one with no KL term and no critic:
+    the gradient is exactly 0, and an AdamW step would still move the weights (moments, decay)."""
+    mask = batch.response_mask[mini]
+    if not bool(mask.any()):
+        return True
+    return critic is None and algo.beta == 0 and not bool((batch.advantages[mini] * mask).any())
+
+
+class _MetricSums:
+    """Per-micro-batch metrics, summed weighted by response tokens (``*_max`` keys: maximum)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.maxes: dict[str, float] = {}
+        self.weight = 0.0
+
+    def add(self, metrics: dict[str, Tensor], tokens: float) -> None:
+        for k, v in metrics.items():
+            if k.endswith("_max"):
+                self.maxes[k] = max(self.maxes.get(k, 0.0), float(v))
+            else:
+                self.sums[k] += float(v) * tokens
+        self.weight += tokens
+
+    def means(self) -> dict[str, float]:
+        out = {k: v / max(self.weight, 1.0) for k, v in self.sums.items()}
+        out.update(self.maxes)
+        return out
+
+
+def _accumulate_gradients(
+    policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, mini: Tensor, cfg: Any, algo: Any,
+    critic: Critic | None, acc: _MetricSums,
+) -> tuple[float, float]:
+    """Forward and backward over one mini-batch, micro-batch by micro-batch, into fresh gradients.
+
+    Returns:
+        The mini-batch's loss and its mean approx KL(old || new) over response tokens.
+    """
+    norm = LossNorm(float(len(mini)), float(batch.response_mask[mini].sum()), float(cfg.sampler.max_new_tokens))
+    optimizer.zero_grad(set_to_none=True)
+    total, kl_sum, kl_tokens = 0.0, 0.0, 0.0
+    for rows in by_length(batch, mini, cfg.trainer.micro_batch_size):
+        sub = batch.select(rows)
+        loss, metrics = _policy_loss(policy, sub, algo, cfg.sampler.temperature, norm)
+        loss.backward()
+        if critic is not None:
+            v_loss, v_metrics = _value_loss(policy, critic, sub, algo, norm)
+            v_loss.backward()
+            loss = loss + v_loss
+            metrics.update(v_metrics)
+        total += loss.item()
+        tokens = float(sub.response_mask.sum())
+        acc.add(metrics, tokens)
+        kl_sum += float(metrics["approx_kl"]) * tokens
+        kl_tokens += tokens
+    return total, kl_sum / max(kl_tokens, 1.0)
 
 
 def _clip(params: list[Tensor], max_norm: float) -> float:

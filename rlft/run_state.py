@@ -9,6 +9,7 @@ LoRA the adapter is also written in peft's own format (``adapter/``) for use out
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,76 @@ OPTIMIZER = "optimizer.safetensors"
 RNG = "rng.safetensors"
 CONFIG = "config.yaml"
 
-# Changing these between a checkpoint and its resumption does not change what is being trained.
-HARMLESS = (
-    "logger.", "trainer.steps", "trainer.eval_every", "trainer.eval_at_start", "trainer.save_every",
-    "trainer.keep_last", "trainer.resume", "trainer.threads", "trainer.micro_batch_size", "sampler.vllm.",
-    "sampler.name", "data.num_eval", "data.eval_path",
-)
+HARMLESS, NUMERICS, HARMFUL = "harmless", "numerics only", "harmful"
+
+
+def _rows(kind: str, why: str, *keys: str) -> dict[str, tuple[str, str]]:
+    return dict.fromkeys(keys, (kind, why))
+
+
+# What changing a key between a checkpoint and its resumption does to the run, and why. Keys are
+# leaves of rlft.config.Config, or a section ending in "." whose every key shares the class by its
+# nature; tests/test_checkpoint_safety.py fails on a schema key with no row, so a new key needs one.
+# HARMLESS and NUMERICS changes are allowed and reported; HARMFUL ones refuse the resume.
+KEY_CLASSES: dict[str, tuple[str, str]] = {
+    **_rows(HARMLESS, "logging only", "logger."),
+    **_rows(HARMLESS, "a display label", "algo.name", "model.name"),
+    **_rows(HARMLESS, "evaluation only, greedy and outside the update", "trainer.eval_every", "trainer.eval_at_start"),
+    **_rows(HARMLESS, "checkpointing only", "trainer.save_every", "trainer.keep_last", "trainer.resume"),
+    **_rows(HARMLESS, "where to stop; the steps run are unchanged", "trainer.max_minutes"),
+    **_rows(HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it", "trainer.steps"),
+    **_rows(NUMERICS, "float summation order and padding of the gradient accumulation", "trainer.micro_batch_size"),
+    **_rows(NUMERICS, "float rounding of CPU kernels that split work by thread", "trainer.threads"),
+    **_rows(NUMERICS, "float rounding of another kernel for the same attention", "model.attn_implementation"),
+    **_rows(NUMERICS, "rounding and random draws of another backend for the same distribution", "sampler.name"),
+    **_rows(NUMERICS, "rounding and random draws of the vLLM engine", "sampler.vllm."),
+    **_rows(HARMFUL, "the algorithm's advantages, loss or coefficients", *(f"algo.{k}" for k in (
+        "adv_estimator", "norm_adv_by_std", "adv_eps", "policy_loss", "clip_eps_low", "clip_eps_high",
+        "kl_estimator", "beta", "loss_agg", "ppo_epochs", "num_mini_batches", "early_stop_kl", "penalty_beta",
+        "penalty_target_kl", "kl_reward_coef", "kl_ctrl", "kl_target", "kl_horizon", "gamma", "lam",
+        "whiten_advantages", "vf_coef", "value_clip", "critic_lr", "dynamic_sampling", "max_sampling_rounds",
+        "overlong_filter", "overlong_penalty", "overlong_cache", "overlong_penalty_factor", "tis_cap"))),
+    **_rows(HARMFUL, "the model being trained", "model.source", "model.path", "model.tiny."),
+    **_rows(HARMFUL, "the frozen weights' dtype and the compute precision", "model.dtype"),
+    **_rows(HARMFUL, "the trained adapter", *(f"model.lora.{k}" for k in (
+        "enabled", "r", "alpha", "dropout", "target_modules"))),
+    **_rows(HARMFUL, "the sampling distribution or batch", *(f"sampler.{k}" for k in (
+        "n", "temperature", "top_p", "top_k", "max_new_tokens"))),
+    **_rows(HARMFUL, "the reward", "reward.fns", "reward.weights"),
+    **_rows(HARMFUL, "the training problems", *(f"data.{k}" for k in (
+        "name", "digits", "ops", "template", "path", "prompt_field", "answer_field", "system_prompt"))),
+    **_rows(HARMFUL, "the held-out split, carved out of or rejected from the training problems", "data.num_eval"),
+    **_rows(HARMFUL, "on data=jsonl, whether the eval rows are carved out of the training file", "data.eval_path"),
+    **_rows(HARMFUL, "the optimizer's updates or LR schedule", *(f"optim.{k}" for k in (
+        "lr", "weight_decay", "betas", "warmup_steps", "schedule", "max_grad_norm"))),
+    **_rows(HARMFUL, "the batch size", "trainer.num_prompts"),
+    **_rows(HARMFUL, "the data order and sampling seeds", "seed"),
+}
+
+
+def _steps_matter(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return any(c.get("optim.schedule") != "constant" for c in (old, new))
+
+
+# Keys whose change is harmful only in some configs: (test on the saved and current flat configs, why).
+CONDITIONS: dict[str, tuple[Callable[[dict, dict], bool], str]] = {
+    "trainer.steps": (_steps_matter, "sets the length of the linear/cosine LR schedule, so every later LR"),
+}
+
+
+def rule(key: str) -> tuple[str, str] | None:
+    """The row of :data:`KEY_CLASSES` for ``key``: its exact row, else its section's."""
+    if key in KEY_CLASSES:
+        return KEY_CLASSES[key]
+    sections = [p for p in KEY_CLASSES if p.endswith(".") and key.startswith(p)]
+    return KEY_CLASSES[max(sections, key=len)] if sections else None
+
+
+def classify(key: str, old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str]:
+    """``(class, why)`` of a change of ``key`` between the flattened saved and current configs."""
+    kind, why = rule(key) or (HARMFUL, "not a known config key")
+    test, harmful_why = CONDITIONS.get(key, (None, ""))
+    return (HARMFUL, harmful_why) if test is not None and test(old, new) else (kind, why)
 
 
 def trainable_tensors(c: Any) -> dict[str, Tensor]:
@@ -50,6 +115,7 @@ def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, met
     state = {
         "step": step,
         "cursor": c.cursor,
+        "compute_dtype": c.precision.dtype,
         "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef},
         "optimizer_param_groups": opt["param_groups"],
         "scheduler": c.scheduler.state_dict(),
@@ -145,26 +211,37 @@ def _py_state_from_json(s: list) -> tuple:
 
 
 def config_changes(saved_yaml: str, current_yaml: str) -> tuple[list[str], list[str]]:
-    """Keys whose values differ between two resolved configs, split into (harmful, harmless)."""
+    """Keys whose values differ between two resolved configs, split into (harmful, allowed).
+
+    Each entry reads ``key: old -> new (why)``; an allowed one that only changes numerics says so.
+    """
     import yaml
 
     old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(current_yaml) or {})
-    diffs = [f"{k}: {old.get(k, '<unset>')} -> {new.get(k, '<unset>')}"
-             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    harmless = [d for d in diffs if d.startswith(HARMLESS)]
-    return [d for d in diffs if d not in harmless], harmless
+    harmful, allowed = [], []
+    for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+            kind, why = classify(k, old, new)
+            shown = f"{k}: {_show(old.get(k, '<unset>'))} -> {_show(new.get(k, '<unset>'))} "
+            shown += f"({why})" if kind != NUMERICS else f"({NUMERICS}: {why})"
+            (harmful if kind == HARMFUL else allowed).append(shown)
+    return harmful, allowed
 
 
 def check_compatible(path: Path, current_yaml: str) -> list[str]:
-    """Fail when the config changed in a way that matters; return the harmless changes."""
-    harmful, harmless = config_changes((path / CONFIG).read_text(), current_yaml)
+    """Fail when the config changed in a way that changes the run, naming each key and why; return the others."""
+    harmful, allowed = config_changes((path / CONFIG).read_text(), current_yaml)
     if harmful:
         shown = "; ".join(harmful[:4]) + (f"; and {len(harmful) - 4} more" if len(harmful) > 4 else "")
         raise ConfigError(
-            f"cannot resume from {path}: the config changed in ways that change the run ({shown}); "
+            f"cannot resume from {path}: the config changed in ways that change the run: {shown}; "
             "revert them or start a new run directory"
         )
-    return harmless
+    return allowed
+
+
+def _show(value: Any) -> str:
+    return str(value).replace("\n", "\\n")  # the message stays one line
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:

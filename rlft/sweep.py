@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlft.paths import user_path
 from rlft.tracking import read_metrics
 
 SUMMARY_KEYS = ("reward/mean", "eval/accuracy")
@@ -44,10 +45,13 @@ def expand(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
 
 
 def _sweep_dir(fixed: list[str]) -> tuple[Path, list[str]]:
-    rest = [o for o in fixed if not o.startswith(("hydra.sweep.dir=", "hydra.run.dir="))]
-    for o in fixed:
-        if o.startswith(("hydra.sweep.dir=", "hydra.run.dir=")):
-            return Path(o.split("=", 1)[1]), rest
+    from rlft.config import check_overrides
+
+    dirs = [(text, ov.value()) for text, ov in zip(fixed, check_overrides(fixed))
+            if ov.key_or_group in ("hydra.sweep.dir", "hydra.run.dir")]  # the parsed value: quotes removed
+    rest = [o for o in fixed if o not in {text for text, _ in dirs}]
+    if dirs:
+        return user_path(dirs[0][1]), rest
     return Path("multirun") / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"), rest
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +14,7 @@ import torch
 from torch import Tensor
 
 from rlft import checkpoint as ckpt
-from rlft import run_state
+from rlft import failure, run_state
 from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageInputs, masked_mean
 from rlft.algorithms.advantages import informative_groups, ppo_token_rewards, soft_overlong_penalty
 from rlft.algorithms.kl_control import adaptive_kl_coef, penalty_beta_update
@@ -28,6 +26,8 @@ from rlft.learner import batch_logprobs, batch_values, build_optimizer, update_p
 from rlft.models import Policy, build_policy
 from rlft.models.critic import Critic, build_critic
 from rlft.models.loading import quiet_libraries
+from rlft.models.precision import Precision
+from rlft.models.precision import resolve as resolve_precision
 from rlft.plots import plot_run
 from rlft.rewards import resolve_reward, score_samples
 from rlft.rewards.registry import Sample
@@ -46,17 +46,22 @@ class Components:
     scheduler: Any
     shuffle: torch.Generator
     state: AlgoState
+    precision: Precision
     critic: Critic | None = None
     cursor: int = 0
     """Training batches drawn so far (dynamic sampling draws several per step)."""
-    dirty: bool = False
-    """The weights are mid-step: updated but the step not yet logged."""
 
 
-def build_components(cfg: Any) -> Components:
-    """Seed, then build the task, policy, sampler and optimizer named by ``cfg``."""
+def build_components(cfg: Any, dtype: str | None = None) -> Components:
+    """Seed, then build the task, policy, sampler and optimizer named by ``cfg``.
+
+    ``model.dtype=auto`` is resolved here (and written back into ``cfg.model.dtype``), unless
+    ``dtype`` gives the one a resumed checkpoint was trained in.
+    """
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
+    precision = Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype else resolve_precision(cfg.model)
+    cfg.model.dtype = precision.dtype
     quiet_libraries()
     seed_everything(cfg.seed)
     task = build_task(cfg.data, cfg.seed)
@@ -71,7 +76,7 @@ def build_components(cfg: Any) -> Components:
     optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, critic)
+    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, critic)
 
 
 @dataclass
@@ -174,11 +179,17 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
         input_ids, start, length, mask, torch.tensor(gid), torch.tensor(scores, dtype=torch.float32),
         torch.tensor(cut, dtype=torch.bool),
     )
-    if all(lp is not None for lp in lps):
+    if all(lp is not None for lp in lps) and untruncated(cfg.sampler):
         batch.sampler_logp = torch.zeros_like(mask)
         for i, lp in enumerate(lps):
             batch.sampler_logp[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     return Rollout(batch, metrics)
+
+
+def untruncated(s: Any) -> bool:
+    """Sampling from the full softmax: only then do the sampler's log-probs (vLLM reports them after
+    top-p/top-k, renormalised over the kept tokens) compare with the learner's over the whole vocabulary."""
+    return s.top_p >= 1.0 and s.top_k <= 0
 
 
 def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
@@ -259,8 +270,6 @@ def adapt_coefficients(c: Components, batch: RolloutBatch, cfg: Any, metrics: di
     if a.uses_critic and a.kl_ctrl == "adaptive" and "kl/seq_ref" in metrics:
         c.state.kl_coef = adaptive_kl_coef(c.state.kl_coef, metrics["kl/seq_ref"], a.kl_target, batch.size,
                                            a.kl_horizon)
-    metrics["penalty_beta"] = c.state.penalty_beta
-    metrics["kl_coef"] = c.state.kl_coef
 
 
 def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str, float]:
@@ -273,7 +282,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
         _check_fresh(run_dir, cfg.trainer.resume)
         keep_metrics_through(run_dir / "metrics.jsonl", -1)
     (run_dir / "config.yaml").write_text(resolved_yaml)
-    c = build_components(cfg)
+    c = build_components(cfg, ckpt.read_json(resume, ckpt.STATE).get("compute_dtype") if resume else None)
     start, last = 0, {}
     if resume is not None:
         saved = run_state.restore(c, resume)
@@ -283,20 +292,20 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
     tracker = Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, _as_dict(resolved_yaml), start)
     _announce(tracker, c, cfg, run_dir, resume, harmless)
     saved_step = start if resume is not None else -1
-    done, cursor = start, c.cursor
-    with GracefulStop(tracker) as stop:
+    done, snap = start, None
+    with failure.GracefulStop(tracker) as stop:
         try:
-            if cfg.trainer.eval_at_start and resume is None:
+            if cfg.trainer.eval_at_start and resume is None and c.task.eval_problems:
                 last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg)
                 tracker.log_step(0, last)
             t_start = time.perf_counter()
             for step in range(start + 1, cfg.trainer.steps + 1):
-                cursor = c.cursor
+                snap = failure.capture(c)
                 last = train_step(step, c, cfg)
                 budget_over = 0 < cfg.trainer.max_minutes * 60 < time.perf_counter() - t_start
                 _maybe_evaluate(step, c, cfg, last, force=budget_over)
                 tracker.log_step(step, last)
-                done, c.dirty = step, False
+                done, snap = step, None
                 every = cfg.trainer.save_every
                 if step < cfg.trainer.steps and (stop.requested or (every > 0 and step % every == 0)):
                     run_state.save(c, run_dir, step, resolved_yaml, cfg.trainer.keep_last, last)
@@ -307,7 +316,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
                     tracker.info(f"time budget of {cfg.trainer.max_minutes:g} min reached after step {step}")
                     break
         except BaseException:
-            _save_on_failure(c, run_dir, resolved_yaml, cfg, tracker, done, saved_step, cursor)
+            _save_on_failure(c, run_dir, resolved_yaml, cfg, tracker, done, saved_step, snap)
             tracker.close()
             raise
     path = run_state.save(c, run_dir, done, resolved_yaml, cfg.trainer.keep_last, last) if done > start else resume
@@ -329,6 +338,8 @@ def _check_fresh(run_dir: Path, spec: str) -> None:
 
 def _maybe_evaluate(step: int, c: Components, cfg: Any, metrics: dict[str, float], force: bool = False) -> None:
     every = cfg.trainer.eval_every
+    if not c.task.eval_problems:
+        return
     if force or step == cfg.trainer.steps or (every > 0 and step % every == 0):
         t0 = time.perf_counter()
         metrics.update(evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg))
@@ -342,50 +353,32 @@ def _announce(tracker: Tracker, c: Components, cfg: Any, run_dir: Path, resume: 
         f"({f'LoRA r={cfg.model.lora.r}' if c.policy.lora else 'full'}) | "
         f"{cfg.trainer.num_prompts} prompts x {cfg.sampler.n} samples | {len(c.task.eval_problems)} eval problems"
     )
+    tracker.info(c.precision.reason)
+    if not c.task.eval_problems:
+        why = "data.num_eval=0" if cfg.data.num_eval == 0 else "the data leaves no held-out rows (set data.eval_path)"
+        tracker.info(f"evaluation skipped: no held-out problems ({why})")
     if resume is not None:
         tracker.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
 
 
 def _save_on_failure(c: Components, run_dir: Path, resolved_yaml: str, cfg: Any, tracker: Tracker, done: int,
-                     saved_step: int, cursor_before: int) -> None:
-    """Keep the work done so far when a step fails before touching the weights (e.g. a reward error).
+                     saved_step: int, snap: failure.Snapshot | None) -> None:
+    """Keep the work done so far when a run stops on an error or an abort.
 
-    A failure during the update leaves the weights half-way through a step; nothing consistent
-    can be saved then, and the newest checkpoint stays the place to resume from.
+    A step that did not complete (``snap`` is its starting state) is rolled back, so the saved
+    state is that of the last logged step, whatever the step was doing when it failed.
     """
+    if snap is not None:
+        failure.restore(c, snap)
     if done <= saved_step or done == 0:
         return
-    if c.dirty:
-        tracker.info(f"stopped inside step {done + 1}'s update; resume from the last checkpoint (step {saved_step})")
+    try:
+        path = run_state.save(c, run_dir, done, resolved_yaml, cfg.trainer.keep_last)
+    except Exception as e:  # noqa: BLE001  (the original error is the one to report)
+        tracker.info(f"stopped after step {done} but could not save it ({type(e).__name__}: {e}); "
+                     f"resume from step {saved_step}")
         return
-    c.cursor = cursor_before  # the failed step's data is drawn again on resume
-    path = run_state.save(c, run_dir, done, resolved_yaml, cfg.trainer.keep_last)
     tracker.info(f"stopped after step {done}; saved {path} (resume with trainer.resume=auto)")
-
-
-class GracefulStop:
-    """The first Ctrl-C (or SIGTERM) finishes the current step, checkpoints and stops; a second one aborts."""
-
-    def __init__(self, tracker: Tracker):
-        self.tracker = tracker
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> GracefulStop:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.tracker.info("stopping after this step and saving a checkpoint (Ctrl-C again to abort now)")
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
@@ -403,14 +396,17 @@ def train_step(step: int, c: Components, cfg: Any) -> dict[str, float]:
     metrics.update(prepare_batch(c, rollout.batch, cfg))
     c.policy.model.train()
     t0 = time.perf_counter()
-    c.dirty = True  # from here until the step is logged, the weights belong to no step
     metrics.update(update_policy(c.policy, c.optimizer, c.scheduler, rollout.batch, cfg, c.shuffle, c.critic,
                                  c.state.penalty_beta))
-    adapt_coefficients(c, rollout.batch, cfg, metrics)
+    moved = metrics["update/skipped"] == 0.0  # no loss token anywhere: the weights were left alone
+    if moved:
+        adapt_coefficients(c, rollout.batch, cfg, metrics)
     t1 = time.perf_counter()
-    sync_sampler(c.sampler, c.policy)
+    if moved:
+        sync_sampler(c.sampler, c.policy)
     t2 = time.perf_counter()
-    metrics["update/skipped"] = 0.0
+    metrics["penalty_beta"] = c.state.penalty_beta
+    metrics["kl_coef"] = c.state.kl_coef
     metrics["time/update_s"] = t1 - t0
     metrics["time/sync_s"] = t2 - t1
     metrics["time/step_s"] = t2 - t_start

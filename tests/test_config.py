@@ -81,3 +81,32 @@ def test_cli_cfg_prints_resolved_config(tmp_path):
     proc = run_cli(["train", "model=tiny", "trainer.steps=3", "--cfg"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "steps: 3" in proc.stdout and "source: tiny" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["sampler=hf", "algo.tis_cap=2"], "only sampler=vllm reports (this run samples with hf)"),
+        (["sampler=vllm", "algo.tis_cap=2", "sampler.top_p=0.9"], "algo.tis_cap needs untruncated sampling"),
+        (["sampler=vllm", "algo.tis_cap=2", "sampler.top_k=20"], "algo.tis_cap needs untruncated sampling"),
+        (["model.lora.target_modules=[q_proj,lm_head]"], "lm_head cannot carry an adapter"),
+        (["model=tiny", "model.path=/some/dir"], "model.path=/some/dir is read only by model.source=path"),
+        (["data.num_eval=-1"], "data.num_eval=-1 must be >= 0"),
+    ],
+)
+def test_options_that_would_do_nothing_are_refused(overrides, expected):
+    from rlft.rollout.vllm import vllm_available
+
+    if "sampler=vllm" in overrides and not vllm_available():
+        pytest.skip("vLLM is not installed")
+    with pytest.raises(ConfigError) as err:
+        compose(overrides)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_sampler_logprobs_are_compared_only_without_truncation(compose_cfg):
+    from rlft.trainer import untruncated
+
+    assert untruncated(compose_cfg().sampler)
+    assert not untruncated(compose_cfg("sampler.top_p=0.95").sampler)
+    assert not untruncated(compose_cfg("sampler.top_k=50").sampler)

@@ -160,3 +160,29 @@ def test_shared_prompt_pass_equals_full_forward_with_gradients(tiny):
     for a, p in zip(grads_shared, params):
         assert torch.allclose(a, p.grad, atol=1e-5, rtol=1e-3)
     assert any(a.abs().max() > 0 for a in grads_shared)
+
+
+def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
+    """weight = min(exp(old - sampler), cap) per token, multiplying the policy-gradient loss."""
+    import dataclasses
+
+    cfg, policy = tiny
+    _, _, batch = _batch(n_rows=4, seed=7)
+    mask = batch.response_mask
+    batch.advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    with torch.no_grad():
+        batch.old_logp, _ = token_logprobs(policy.model, batch, 1.0)
+    shift = torch.tensor([0.5, -0.3, 1.2, 0.0, -2.0])[: mask.shape[1]]
+    batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask  # old - sampler = shift on each token
+    algo = dataclasses.replace(cfg.algo, tis_cap=2.0, beta=0.0, loss_agg="token-mean")
+    norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
+    loss, m = _policy_loss(policy, batch, algo, 1.0, norm)
+    weight = torch.exp(shift).clamp(max=2.0)[None, :].expand_as(mask)
+    want_mean = float((weight * mask).sum() / mask.sum())
+    assert float(m["rollout/tis_weight_mean"]) == pytest.approx(want_mean, abs=1e-5)
+    assert float(m["rollout/logp_abs_diff_max"]) == pytest.approx(float((shift.abs()[None, :] * mask).max()), abs=1e-5)
+    # At the rollout policy the ratio is 1, so the clipped loss of a token is -A, times its weight.
+    want_loss = float((-batch.advantages * weight * mask).sum() / mask.sum())
+    assert float(loss) == pytest.approx(want_loss, abs=1e-4)
+    plain, _ = _policy_loss(policy, batch, dataclasses.replace(algo, tis_cap=0.0), 1.0, norm)
+    assert float(plain) != pytest.approx(want_loss, abs=1e-3)

@@ -91,16 +91,22 @@ def test_pass_at_k_matches_enumeration():
 
 def test_eval_checkpoint_and_base(trained, tmp_path):
     out = tmp_path / "eval.json"
-    r = run_cli(["eval", str(trained), "sampler.name=hf", "data.num_eval=12", "--samples", "4", "--out", str(out)],
-                Path.cwd())
+    r = run_cli(["eval", str(trained), "sampler.name=hf", "data.num_eval=12", "reward.fns=[tests.helpers:answer_is_even]",
+                 "--samples", "4", "--out", str(out)], Path.cwd())
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["problems"] == 12 and res["samples"] == 4
+    # The judge ignores the completion: every metric is the share of even answers, computed here
+    # from the task itself; a mix-up of problems, samples or answers would change them.
+    cfg = checkpoint_config(find_checkpoint(trained), ["data.num_eval=12"])
+    from rlft.data import build_task
+
+    even = [int(p.answer) % 2 == 0 for p in build_task(cfg.data, cfg.seed).eval_problems]
+    assert len(even) == 12 and 0 < sum(even) < 12
     for key in ("eval/accuracy", "eval/pass@1", "eval/pass@4"):
-        assert 0.0 <= res[key] <= 1.0
-    assert res["eval/pass@4"] >= res["eval/pass@1"]
+        assert res[key] == pytest.approx(sum(even) / 12), key
     assert "pass@4" in r.stdout
-    # The checkpoint was trained on char_count (longer is better): its first reward judges correctness.
+    # The checkpoint was trained on char_count (longer is better): it fills the 8-token budget.
     assert res["eval/mean_tokens"] == pytest.approx(8.0)
 
     base_out = tmp_path / "base.json"

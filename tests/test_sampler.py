@@ -63,3 +63,20 @@ def test_sample_next_rules():
     counts = torch.bincount(sample_next(logits, SamplingParams(temperature=2.0), g), minlength=4).float() / 4000
     want = torch.softmax(logits[0] / 2.0, -1)
     assert torch.allclose(counts, want, atol=0.03)
+
+
+def test_every_eos_of_the_generation_config_stops_a_row():
+    """Chat models list several EOS ids (end of turn, end of text); the tokenizer knows one."""
+    from rlft.rollout.base import stop_token_ids
+
+    sampler, tok = _sampler()
+    prompt = [[1, 50, 60, 70]]
+    free = sampler.generate(prompt, SamplingParams(n=1, max_new_tokens=12, greedy=True)).completion_ids[0]
+    k = next(i for i in range(1, len(free)) if free[i] not in free[:i])  # a token first seen at position k
+    sampler.model.generation_config.eos_token_id = [tok.eos_token_id, free[k]]
+    stop = stop_token_ids(sampler.model.generation_config, tok)
+    assert stop == sorted({tok.eos_token_id, free[k]})
+    cfg, _, _ = compose(TINY + ["model.dtype=fp32"])
+    two_eos = build_sampler(cfg.sampler, cfg.model, sampler.model, tok, 0)
+    gens = two_eos.generate(prompt, SamplingParams(n=1, max_new_tokens=12, greedy=True))
+    assert gens.completion_ids[0] == free[: k + 1] and gens.truncated == [False]

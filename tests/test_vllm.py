@@ -177,12 +177,27 @@ def test_exported_model_serves_in_vllm(tmp_path):
         (["sampler.vllm.kv_cache_gb=-1"], "sampler.vllm.kv_cache_gb=-1.0; must be >= 0"),
     ],
 )
-def test_vllm_config_errors(overrides, expected):
+@pytest.mark.parametrize("sampler", ["vllm", "auto"])  # auto becomes vllm here: the same checks apply
+def test_vllm_config_errors(overrides, expected, sampler):
     from rlft.config import ConfigError, compose
 
     with pytest.raises(ConfigError) as err:
-        compose(["sampler=vllm", *overrides])
+        compose([f"sampler={sampler}", *overrides])
     assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_vllm_stops_on_every_stop_id(engine):
+    from rlft.rollout import SamplingParams
+
+    cfg, policy, sampler = engine
+    free = sampler.generate([[1, 50, 60]], SamplingParams(n=1, max_new_tokens=12, greedy=True)).completion_ids[0]
+    k = next(i for i in range(1, len(free)) if free[i] not in free[:i])
+    saved, sampler.stop = sampler.stop, [*sampler.stop, free[k]]
+    try:
+        gens = sampler.generate([[1, 50, 60]], SamplingParams(n=1, max_new_tokens=12, greedy=True))
+    finally:
+        sampler.stop = saved
+    assert gens.completion_ids[0] == free[: k + 1] and gens.truncated == [False]
 
 
 def test_served_adapter_allows_partial_fused_targets():

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from rlft.paths import user_path
+
 _EVAL_SEED = 20240601  # the held-out split does not depend on the run's seed
 
 
@@ -84,7 +86,7 @@ def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list
     Raises:
         DataError: naming the file and line (or item) of the first bad row.
     """
-    p = Path(path)
+    p = user_path(path)
     if not p.is_file():
         raise DataError(f"{p}: no such file")
     text = p.read_text(encoding="utf-8")

@@ -6,10 +6,14 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from rlft.paths import user_path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -71,11 +75,46 @@ def smollm2_dir() -> Path:
     return target
 
 
+def model_dir(cfg: Any) -> Path:
+    """The directory the tokenizer (and, unless ``source=tiny``, the weights) load from.
+
+    Raises:
+        ModelError: ``model.path`` is not a Hugging Face model directory.
+    """
+    if cfg.source != "path":
+        return smollm2_dir()
+    src = user_path(cfg.path)
+    if not src.is_dir():  # checked here: transformers would take it for a hub repo id
+        raise ModelError(f"model.path={cfg.path}: {'not a directory' if src.exists() else 'no such directory'}")
+    if not (src / "config.json").is_file():
+        raise ModelError(f"model.path={cfg.path}: not a Hugging Face model directory (no config.json)")
+    return src
+
+
+@contextmanager
+def _loading(cfg: Any, what: str) -> Iterator[None]:
+    """transformers fails with many-line messages or tracebacks; the user gets the source, the part and the cause."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001  (corrupt files raise anything from OSError to SafetensorError)
+        where = f"model.path={cfg.path}" if cfg.source == "path" else f"model={cfg.name}"
+        raise ModelError(f"{where}: cannot load the {what}: {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception, limit: int = 300) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = " ".join(lines) if lines[0].endswith(":") else lines[0]  # a line ending in ':' only announces the rest
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def load_tokenizer(cfg: Any) -> Any:
     from transformers import AutoTokenizer
 
-    src = cfg.path if cfg.source == "path" else smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(str(src))
+    src = model_dir(cfg)
+    with _loading(cfg, "tokenizer"):
+        tok = AutoTokenizer.from_pretrained(str(src))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -107,10 +146,9 @@ def load_base(cfg: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
             model = LlamaForCausalLM(config)
         model = model.to(dtype)
     else:
-        src = cfg.path if cfg.source == "path" else smollm2_dir()
-        if not Path(src, "config.json").is_file():
-            raise ModelError(f"model.path={src}: not a Hugging Face model directory (no config.json)")
-        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype)
+        src = model_dir(cfg)
+        with _loading(cfg, "model"):
+            model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation(cfg))
     return model.eval(), tok

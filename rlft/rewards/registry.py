@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlft.config import ConfigError
 from rlft.registry import Registry
 
 RewardFn = Callable[..., float]
@@ -26,25 +27,43 @@ class RewardError(RuntimeError):
     """A reward function failed; the message names the function and the sample."""
 
 
+class RewardNameError(RewardError, ConfigError):
+    """An entry of ``reward.fns`` names nothing callable: a mistake in the config (exit 2), not in the function."""
+
+
 def resolve_reward(name: str) -> RewardFn:
-    """A built-in by name, or a user function 'pkg.module:function' (or 'pkg.module.function')."""
+    """A built-in by name, or a user function 'pkg.module:function' (or 'pkg.module.function').
+
+    Raises:
+        RewardNameError: ``name`` is malformed, or its module or function does not exist or is not callable.
+        RewardError: importing the user's module raised (a SyntaxError, or any exception of its code).
+    """
     if name in REWARDS:
         return REWARDS.get(name)
-    if ":" in name:
-        module, _, attr = name.partition(":")
-    elif "." in name:
-        module, _, attr = name.rpartition(".")
-    else:
-        raise RewardError(
-            f"unknown reward '{name}'; built-ins: {', '.join(REWARDS.names())}, or a dotted path 'pkg.module:function'"
-        )
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise RewardError(f"cannot load reward function '{name}': {e}") from None
+    builtins = ", ".join(REWARDS.names())
+    if ":" not in name and "." not in name:
+        raise RewardNameError(f"unknown reward '{name}'; built-ins: {builtins}, or a dotted path 'pkg.module:function'")
+    module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    if not (all(part.isidentifier() for part in module.split(".")) and attr.isidentifier()):
+        raise RewardNameError(f"malformed reward '{name}': expected 'pkg.module:function' or a built-in ({builtins})")
+    mod = _import(name, module)
+    if not hasattr(mod, attr):
+        raise RewardNameError(f"cannot load reward function '{name}': module '{module}' has no attribute '{attr}'")
+    fn = getattr(mod, attr)
     if not callable(fn):
-        raise RewardError(f"reward '{name}' is not callable")
+        raise RewardNameError(f"reward '{name}' is not callable")
     return fn
+
+
+def _import(name: str, module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001  (the user's module may raise anything while it runs)
+        missing = isinstance(e, ModuleNotFoundError) and e.name and f"{module}.".startswith(f"{e.name}.")
+        if missing:  # the module named in the config, not one that it imports
+            raise RewardNameError(f"cannot load reward function '{name}': {e}") from None
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise RewardError(f"reward function '{name}': importing {module} raised {type(e).__name__}: {first}") from None
 
 
 @dataclass

@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from rlft.paths import user_path
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -55,6 +57,15 @@ class Sampler(Protocol):
         ...
 
 
+def stop_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end a completion, the same for every sampler and for evaluation: the
+    tokenizer's EOS and every EOS of the model's generation config (chat models often list
+    several, e.g. an end-of-turn token beside the end-of-text one)."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, (list, tuple)) else [eos])}
+    return sorted(i for i in ids if i is not None)
+
+
 def sync_sampler(sampler: Any, policy: Any) -> None:
     """Make ``sampler`` sample from ``policy``'s current weights: its adapter, when the sampler
     serves adapters, else only the weights that change (under LoRA: the adapted layers, merged)."""
@@ -85,22 +96,22 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
         seed: Sampling seed.
     """
     name = resolve_name(cfg.name)
+    stop = stop_token_ids(model.generation_config, tokenizer)
     if name == "hf":
         from rlft.rollout.hf import HFSampler
 
-        return HFSampler(model, tokenizer, seed)
+        return HFSampler(model, tokenizer, seed, stop)
     if name == "vllm":
         from rlft.rollout.vllm import VLLMSampler
 
         rank = model_cfg.lora.r if model_cfg.lora.enabled else 0
-        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, tokenizer.eos_token_id,
-                           rank)
+        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, stop, rank)
     raise ValueError(f"sampler.name='{cfg.name}'; valid choices: auto, hf, vllm")
 
 
 def _model_dir(model_cfg: Any, model: Any, tokenizer: Any) -> str:
     if model_cfg.source == "path":
-        return str(model_cfg.path)
+        return str(user_path(model_cfg.path))
     if model_cfg.source == "smollm2_gguf":
         from rlft.models.loading import smollm2_dir
 

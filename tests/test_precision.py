@@ -1,0 +1,40 @@
+"""model.dtype=auto: a GEMM probe picks the faster dtype on CPU; a resumed run keeps the checkpoint's."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT, TINY, run_cli
+
+from rlft import checkpoint as ckpt
+from rlft.models.precision import choose
+
+
+def test_explicit_dtype_wins_and_cuda_takes_bf16():
+    assert choose("fp32", 576, 1536).dtype == "fp32"
+    assert choose("bf16", 576, 1536).dtype == "bf16"
+    assert choose("auto", 576, 1536, device="cuda").dtype == "bf16"
+
+
+def test_auto_on_cpu_picks_the_faster_measured_dtype():
+    p = choose("auto", 256, 512)
+    bf16, fp32 = (float(x) for x in re.search(r"bf16 (\d+) GFLOP/s, fp32 (\d+) GFLOP/s", p.reason).groups())
+    assert p.dtype == ("bf16" if bf16 >= fp32 else "fp32")
+    assert "GEMM 512x256x512 on " in p.reason
+
+
+def test_resume_trains_in_the_checkpoints_dtype(tmp_path):
+    run = tmp_path / "run"
+    args = ["train", *TINY, "model.dtype=auto", "trainer.steps=1", "data.num_eval=0", f"hydra.run.dir={run}"]
+    r = run_cli(args, ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "model.dtype=auto: " in (run / "train.log").read_text()
+    state_file = run / "checkpoints" / "step_000001" / ckpt.STATE
+    chosen = re.search(r'"compute_dtype": "(\w+)"', state_file.read_text()).group(1)
+    other = {"bf16": "fp32", "fp32": "bf16"}[chosen]
+    # As if trained on a CPU where the other dtype was faster (same length: the manifest still holds).
+    state_file.write_text(state_file.read_text().replace(f'"compute_dtype": "{chosen}"', f'"compute_dtype": "{other}"'))
+    r = run_cli([*args[:-3], "trainer.steps=2", "data.num_eval=0", f"hydra.run.dir={run}", "trainer.resume=auto"],
+                ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"model.dtype={other}, as in the checkpoint" in (run / "train.log").read_text()
