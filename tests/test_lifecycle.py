@@ -17,6 +17,7 @@ from rlft.export import checkpoint_config, find_checkpoint
 from rlft.models.loading import load_base
 from rlft.models.policy import wrap_lora
 from rlft.run_state import load_policy_weights
+from rlft.tracking import read_metrics
 
 TRAINED = [*TINY, "trainer.steps=3", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]",
            "optim.lr=2e-2"]
@@ -120,23 +121,25 @@ def test_eval_checkpoint_and_base(trained, tmp_path):
 
 
 def test_sweep_runs_every_job_and_survives_a_failing_one(tmp_path):
+    """The second job fails at run time (its reward raises); the jobs after it still run to the end."""
     root = tmp_path / "sweep"
-    args = [a for a in TINY if not a.startswith("trainer.num_prompts")]
-    r = run_cli(["train", "-m", *args, "algo=grpo,dapo", "trainer.num_prompts=2,0", f"hydra.sweep.dir={root}"],
+    good, bad = "[tests.helpers:char_count]", "[tests.helpers:raise_always]"
+    r = run_cli(["train", "-m", *TINY, "algo=grpo,dapo", f"reward.fns={good},{bad}", f"hydra.sweep.dir={root}"],
                 Path.cwd())
     assert r.returncode == 1, "a failed job must make the sweep's exit status non-zero"
     rows = list(csv.DictReader((root / "summary.csv").open()))
-    assert [x["job"] for x in rows] == [
-        "algo=grpo,trainer.num_prompts=2", "algo=grpo,trainer.num_prompts=0",
-        "algo=dapo,trainer.num_prompts=2", "algo=dapo,trainer.num_prompts=0",
-    ]
-    assert [x["status"] for x in rows] == ["ok", "failed (exit 2)", "ok", "failed (exit 2)"]
+    assert [x["job"].replace("\\:", ":") for x in rows] == [f"algo={a},reward.fns={f}" for a in ("grpo", "dapo") for f in (good, bad)]
+    assert [x["status"] for x in rows] == ["ok", "failed (exit 1)", "ok", "failed (exit 1)"]
+    assert "a bug in the user's reward" in r.stderr
     for x in rows:
-        if x["status"] == "ok":
-            run = Path(x["run_dir"])
-            assert x["steps"] == "2" and x["eval/accuracy"] != ""
-            assert (run / "plots.png").stat().st_size > 1000
-            assert (run / "checkpoints" / "step_000002").is_dir()
-            algo = x["job"].split(",")[0].removeprefix("algo=")
-            assert f"name: {algo}" in (run / "config.yaml").read_text()
+        run = Path(x["run_dir"])
+        if x["status"] != "ok":
+            assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+            continue
+        assert x["steps"] == "2" and x["eval/accuracy"] != ""
+        assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
+        assert (run / "plots.png").stat().st_size > 1000
+        assert (run / "checkpoints" / "step_000002").is_dir()
+        algo = x["job"].split(",")[0].removeprefix("algo=")
+        assert f"name: {algo}" in (run / "config.yaml").read_text()
     assert (root / "summary.png").stat().st_size > 1000

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY, run_cli
+from helpers import write_eos_model
 from safetensors.torch import load_file
 
 from rlft import checkpoint as ckpt
@@ -109,8 +110,11 @@ def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
     extra = [f"algo={algo}", "trainer.steps=4", "trainer.eval_every=2"]
     if algo == "ppo":
         extra += ["algo.kl_reward_coef=0.05", "algo.kl_ctrl=adaptive"]
-    else:  # the tiny model's completions all hit the length cap; the filter would mask every token
-        extra += ["algo.overlong_filter=false"]
+    else:  # a model that stops about half the time, so the overlong filter keeps some rows, and a reward
+        # that leaves half the groups without signal, so the sampling rounds per step vary
+        write_eos_model(tmp_path / "model")
+        extra += ["model=local", f"model.path={tmp_path / 'model'}", "model.dtype=bf16", "model.lora.r=8",
+                  "reward.fns=[tests.helpers:char_count_on_even]", "algo.max_sampling_rounds=3"]
     a, b = tmp_path / "a", tmp_path / "b"
     assert run_cli(["train", *RUN, *extra, f"hydra.run.dir={a}"], ROOT).returncode == 0
     r = run_cli(["train", *RUN, *extra, "trainer.steps=2", f"hydra.run.dir={b}"], ROOT)
@@ -118,6 +122,12 @@ def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
     r = run_cli(["train", *RUN, *extra, f"hydra.run.dir={b}", "trainer.resume=auto"], ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     _assert_same_run(a, b, steps=4)
+    if algo == "dapo":
+        steps = _comparable(a)[1:]
+        assert len({m["dynamic/rounds"] for m in steps}) > 1, "the rounds did not vary"
+        updated = [m for m in steps if m["update/skipped"] == 0.0]
+        assert updated and all(m["response/loss_tokens"] > 0 for m in updated)
+        assert any(m["response/truncated_frac"] > 0 for m in updated), "the overlong filter masked nothing"
     if algo == "ppo":
         assert any(k.startswith("critic_head/") for k in _weights(b, 4))
 
