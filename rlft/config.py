@@ -139,8 +139,9 @@ class ModelConfig:
     path: str | None = None
     """Local Hugging Face model directory (source=path)."""
     dtype: str = "auto"
-    """Compute dtype: bf16 (autocast, frozen weights in bf16), fp32, or auto (bf16 on CUDA; on CPU
-    whichever a start-up GEMM probe at the model's shapes measures faster, logged with its figures)."""
+    """Compute dtype: bf16 (autocast, frozen weights in bf16), fp32, or auto (whichever a start-up GEMM
+    probe at the model's shapes measures faster on this CPU, where the learner runs; logged with its
+    figures; a resumed run keeps the dtype its checkpoint was trained in)."""
     attn_implementation: str = "auto"
     """Learner attention kernel: eager, sdpa, or auto (eager on CPU, where it trained ~15% faster
     than sdpa's flash kernel on short RL sequences; sdpa elsewhere)."""

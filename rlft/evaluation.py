@@ -68,21 +68,20 @@ def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], 
 
 def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     """Evaluate the base model named by ``cfg.model`` or, given one, a checkpoint's policy."""
-    from rlft import checkpoint as ckpt
     from rlft.data import build_task
     from rlft.models import build_policy
     from rlft.models.loading import quiet_libraries
     from rlft.models.precision import resolve as resolve_precision
     from rlft.rollout import build_sampler, sync_sampler
-    from rlft.run_state import load_policy_weights
+    from rlft.run_state import load_policy_weights, trained_dtype
 
     quiet_libraries()
     problems = build_task(cfg.data, cfg.seed).eval_problems
     if not problems:
         raise DataError("no held-out problems to evaluate (data.num_eval=0, or a data file too small to split: "
                         "set data.eval_path or pass --data FILE)")
-    if checkpoint is not None:  # evaluate in the dtype the policy was trained in
-        cfg.model.dtype = ckpt.read_json(checkpoint, ckpt.STATE).get("compute_dtype", cfg.model.dtype)
+    if checkpoint is not None and cfg.model.dtype == "auto":  # evaluate in the dtype the policy was trained in
+        cfg.model.dtype = trained_dtype(checkpoint) or "auto"
     cfg.model.dtype = resolve_precision(cfg.model).dtype
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False)
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed)

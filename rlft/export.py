@@ -56,9 +56,9 @@ def export(spec: str | Path, out: str | Path, adapter_only: bool = False) -> Pat
         raise ckpt.CheckpointError(f"{out} exists and is not empty: choose a new output directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file where a parent directory should be
-        raise ckpt.CheckpointError(f"{out}: cannot create its parent directory ({e.strerror})") from None
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
+    except OSError as e:  # a file where a parent directory should be, or no write permission
+        raise ckpt.CheckpointError(f"{out}: cannot write there ({e.strerror})") from None
     try:
         if adapter_only:
             if not (path / "adapter").is_dir():

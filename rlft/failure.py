@@ -11,6 +11,7 @@ default ``trainer.save_every=0`` nothing but the failed step is lost.
 from __future__ import annotations
 
 import copy
+import os
 import random
 import signal
 import threading
@@ -46,8 +47,11 @@ def capture(c: Any) -> Snapshot:
 
 def restore(c: Any, snap: Snapshot) -> None:
     """Put a snapshot back into the components."""
+    own = trainable_tensors(c)
+    if own.keys() != snap.weights.keys():  # e.g. an abort inside the critic's adapter switch
+        raise RuntimeError("the trained parameters changed during the step; resume from the last checkpoint")
     with torch.no_grad():
-        for name, p in trainable_tensors(c).items():
+        for name, p in own.items():
             p.copy_(snap.weights[name])
     c.optimizer.load_state_dict(snap.optimizer)
     c.scheduler.load_state_dict(snap.scheduler)
@@ -77,7 +81,9 @@ class GracefulStop:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self.tracker.info("stopping after this step and saving a checkpoint (Ctrl-C again to abort now)")
+        # A raw write: the interrupted main thread may be inside the console's or the log's own
+        # write, and re-entering those raises (the loop logs the stop once the step is done).
+        os.write(2, b"stopping after this step and saving a checkpoint (Ctrl-C again to abort now)\n")
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():

@@ -292,6 +292,7 @@ def update_policy(
                 continue
             loss, kl = _accumulate_gradients(policy, optimizer, batch, mini, cfg, algo, critic, acc)
             if algo.early_stop_kl > 0 and losses and kl > algo.early_stop_kl:
+                optimizer.zero_grad(set_to_none=True)  # the dropped step's gradients would outlive the update
                 stop = True
                 break
             norms.append(_clip(params, cfg.optim.max_grad_norm))
@@ -312,12 +313,15 @@ def update_policy(
 
 
 def _nothing_to_learn(batch: RolloutBatch, mini: Tensor, algo: Any, critic: Critic | None) -> bool:
-    """No loss token (all masked), or zero advantages on every one with no KL term and no critic:
-    the gradient is exactly 0, and an AdamW step would still move the weights (moments, decay)."""
+    """No loss token (all masked), or zero advantages on every one with no other term (KL to the
+    reference, PPO-Penalty, a critic): the gradient is exactly 0, and an AdamW step would still
+    move the weights (moments, decay)."""
     mask = batch.response_mask[mini]
     if not bool(mask.any()):
         return True
-    return critic is None and algo.beta == 0 and not bool((batch.advantages[mini] * mask).any())
+    if critic is not None or algo.beta > 0 or algo.policy_loss == "kl_penalty":
+        return False  # a KL term, PPO-Penalty's pull back to the old policy, or the value loss
+    return not bool((batch.advantages[mini] * mask).any())
 
 
 class _MetricSums:

@@ -210,14 +210,19 @@ def _py_state_from_json(s: list) -> tuple:
     return (s[0], tuple(s[1]), s[2])
 
 
-def config_changes(saved_yaml: str, current_yaml: str) -> tuple[list[str], list[str]]:
+def config_changes(saved_yaml: str, current_yaml: str, trained_dtype: str | None = None) -> tuple[list[str], list[str]]:
     """Keys whose values differ between two resolved configs, split into (harmful, allowed).
 
     Each entry reads ``key: old -> new (why)``; an allowed one that only changes numerics says so.
+    ``trained_dtype`` is what ``model.dtype=auto`` resolved to in the checkpoint: ``auto`` on
+    either side stands for it, so ``auto`` and the dtype it chose are no change.
     """
     import yaml
 
     old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(current_yaml) or {})
+    for flat in (old, new):
+        if trained_dtype and flat.get("model.dtype") == "auto":
+            flat["model.dtype"] = trained_dtype
     harmful, allowed = [], []
     for k in sorted(set(old) | set(new)):
         if old.get(k) != new.get(k):
@@ -230,7 +235,7 @@ def config_changes(saved_yaml: str, current_yaml: str) -> tuple[list[str], list[
 
 def check_compatible(path: Path, current_yaml: str) -> list[str]:
     """Fail when the config changed in a way that changes the run, naming each key and why; return the others."""
-    harmful, allowed = config_changes((path / CONFIG).read_text(), current_yaml)
+    harmful, allowed = config_changes((path / CONFIG).read_text(), current_yaml, trained_dtype(path))
     if harmful:
         shown = "; ".join(harmful[:4]) + (f"; and {len(harmful) - 4} more" if len(harmful) > 4 else "")
         raise ConfigError(
@@ -238,6 +243,21 @@ def check_compatible(path: Path, current_yaml: str) -> list[str]:
             "revert them or start a new run directory"
         )
     return allowed
+
+
+def trained_dtype(path: Path) -> str | None:
+    """The compute dtype a checkpoint was trained in: recorded since ``model.dtype=auto`` exists,
+    else its config's explicit value (older checkpoints)."""
+    import yaml
+
+    try:
+        recorded = ckpt.read_json(path, ckpt.STATE).get("compute_dtype")
+    except (OSError, ValueError):  # no trainer state to read: the config is all there is
+        recorded = None
+    if recorded:
+        return recorded
+    saved = (yaml.safe_load((path / CONFIG).read_text()) or {}).get("model", {}).get("dtype")
+    return saved if saved in ("bf16", "fp32") else None
 
 
 def _show(value: Any) -> str:

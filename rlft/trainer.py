@@ -282,7 +282,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
         _check_fresh(run_dir, cfg.trainer.resume)
         keep_metrics_through(run_dir / "metrics.jsonl", -1)
     (run_dir / "config.yaml").write_text(resolved_yaml)
-    c = build_components(cfg, ckpt.read_json(resume, ckpt.STATE).get("compute_dtype") if resume else None)
+    c = build_components(cfg, run_state.trained_dtype(resume) if resume else None)
     start, last = 0, {}
     if resume is not None:
         saved = run_state.restore(c, resume)
@@ -311,6 +311,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
                     run_state.save(c, run_dir, step, resolved_yaml, cfg.trainer.keep_last, last)
                     saved_step = step
                 if stop.requested and step < cfg.trainer.steps:
+                    tracker.info(f"stopped by a signal after step {step}; saved it")
                     raise KeyboardInterrupt
                 if budget_over:
                     tracker.info(f"time budget of {cfg.trainer.max_minutes:g} min reached after step {step}")
@@ -368,11 +369,11 @@ def _save_on_failure(c: Components, run_dir: Path, resolved_yaml: str, cfg: Any,
     A step that did not complete (``snap`` is its starting state) is rolled back, so the saved
     state is that of the last logged step, whatever the step was doing when it failed.
     """
-    if snap is not None:
-        failure.restore(c, snap)
     if done <= saved_step or done == 0:
         return
     try:
+        if snap is not None:
+            failure.restore(c, snap)
         path = run_state.save(c, run_dir, done, resolved_yaml, cfg.trainer.keep_last)
     except Exception as e:  # noqa: BLE001  (the original error is the one to report)
         tracker.info(f"stopped after step {done} but could not save it ({type(e).__name__}: {e}); "

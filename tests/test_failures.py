@@ -59,3 +59,29 @@ def test_no_held_out_problems_skips_evaluation_with_a_reason(tmp_path):
                  "--out", str(tmp_path / "e.json")], ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no held-out problems" in r.stderr
     assert not os.path.exists(tmp_path / "e.json")
+
+
+def test_first_ctrl_c_finishes_the_step_saves_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    args = [a for a in RUN if not a.startswith(("trainer.steps", "reward.fns"))]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlft.cli", "train", *args, "trainer.steps=50", "reward.fns=[tests.helpers:char_count]",
+         f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 180
+    while not (run / "metrics.jsonl").exists() or not read_metrics(run / "metrics.jsonl"):
+        assert proc.poll() is None and time.time() < deadline, "training never logged a step"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert "stopping after this step" in err and "trainer.resume=auto" in err
+    steps = [m["step"] for m in read_metrics(run / "metrics.jsonl")]
+    assert steps[-1] < 50, "the signal did not stop the run"
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == [ckpt.step_dir_name(steps[-1])]
+    assert f"stopped by a signal after step {steps[-1]}" in (run / "train.log").read_text()

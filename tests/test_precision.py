@@ -38,3 +38,24 @@ def test_resume_trains_in_the_checkpoints_dtype(tmp_path):
                 ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"model.dtype={other}, as in the checkpoint" in (run / "train.log").read_text()
+
+
+def test_auto_with_an_unreadable_config_json_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text("")  # e.g. an interrupted download
+    r = run_cli(["train", *[a for a in TINY if not a.startswith("model=")], "model=local", f"model.path={tmp_path}",
+                 f"hydra.run.dir={tmp_path / 'run'}"], ROOT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert f"model.path={tmp_path}" in r.stderr
+
+
+def test_resume_accepts_auto_for_the_dtype_it_trained_in_and_refuses_another(tmp_path):
+    run = tmp_path / "run"
+    base = ["train", *TINY, "trainer.steps=1", "data.num_eval=0", f"hydra.run.dir={run}"]
+    assert run_cli([*base, "model.dtype=bf16"], ROOT).returncode == 0
+    r = run_cli([*base[:-1], "trainer.steps=2", "data.num_eval=0", f"hydra.run.dir={run}", "model.dtype=auto",
+                 "trainer.resume=auto"], ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "model.dtype=bf16, as in the checkpoint" in (run / "train.log").read_text()
+    r = run_cli([*base[:-1], "trainer.steps=3", "data.num_eval=0", f"hydra.run.dir={run}", "model.dtype=fp32",
+                 "trainer.resume=auto"], ROOT)
+    assert r.returncode == 2 and "model.dtype: bf16 -> fp32" in r.stderr

@@ -125,6 +125,7 @@ def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
     if algo == "dapo":
         steps = _comparable(a)[1:]
         assert len({m["dynamic/rounds"] for m in steps}) > 1, "the rounds did not vary"
+        assert steps[1]["update/skipped"] == 1.0, "step 2, the cut, should take no optimizer step (issue 17)"
         updated = [m for m in steps if m["update/skipped"] == 0.0]
         assert updated and all(m["response/loss_tokens"] > 0 for m in updated)
         assert any(m["response/truncated_frac"] > 0 for m in updated), "the overlong filter masked nothing"

@@ -110,3 +110,11 @@ def test_zero_advantages_without_kl_or_critic_leave_weights_bit_identical():
     cfg, _, _ = compose(TINY + ["algo=grpo", "algo.beta=0.04"])  # a KL term is a signal: the step is taken
     c = build_components(cfg)
     assert train_step(1, c, cfg)["update/skipped"] == 0.0
+
+
+def test_ppo_penalty_steps_on_zero_advantages():
+    """PPO-Penalty's pull back to the old policy is a gradient of its own once the policy moved."""
+    cfg, _, _ = compose(TINY + ["algo=grpo", "algo.beta=0", "algo.policy_loss=kl_penalty"])
+    c = build_components(cfg)
+    m = train_step(1, c, cfg)
+    assert m["adv/std"] == 0.0 and m["update/optimizer_steps"] == float(cfg.algo.num_mini_batches)

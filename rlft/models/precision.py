@@ -3,7 +3,8 @@
 bf16 was ~5x faster than fp32 on one CPU of our machine kind and ~1.8x *slower* on another
 (an Intel Xeon whose bf16 GEMM ran 74 GFLOP/s per thread against fp32's 134), so no fixed
 choice is right on CPU. The probe times one GEMM of the model's MLP shape in each dtype, in
-well under a second, and keeps the faster. On CUDA bf16 is always the choice.
+well under a second, and keeps the faster. ``choose`` takes bf16 for a CUDA device, but the
+learner runs on CPU until the CUDA learner lands, so today every run probes.
 """
 
 from __future__ import annotations
@@ -51,11 +52,15 @@ def choose(requested: str, hidden: int, intermediate: int, device: str = "cpu") 
                            f"bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s)")
 
 
-def model_widths(config_dir: Path) -> tuple[int, int]:
-    """(hidden_size, intermediate_size) from a Hugging Face config.json."""
-    cfg = json.loads((config_dir / "config.json").read_text())
-    hidden = int(cfg.get("hidden_size", 1024))
-    return hidden, int(cfg.get("intermediate_size", 4 * hidden))
+def model_widths(config_dir: Path) -> tuple[int, int] | None:
+    """(hidden_size, intermediate_size) from a Hugging Face config.json; None when it cannot be read
+    (loading the model then reports the cause on one line)."""
+    try:
+        cfg = json.loads((config_dir / "config.json").read_text())
+        hidden = int(cfg.get("hidden_size", 1024))
+        return hidden, int(cfg.get("intermediate_size", 4 * hidden))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def cpu_model() -> str:
@@ -80,6 +85,7 @@ def resolve(model_cfg: object, device: str = "cpu") -> Precision:
     from rlft.models.loading import smollm2_dir
 
     where = Path(str(model_cfg.path)).expanduser() if model_cfg.source == "path" else smollm2_dir()
-    if not (where / "config.json").is_file():
-        return Precision("bf16", "model.dtype=auto: bf16 (no config.json to probe)")  # loading reports the path
-    return choose("auto", *model_widths(where), device)
+    widths = model_widths(where)
+    if widths is None:  # loading reports what is wrong with the directory
+        return Precision("bf16", "model.dtype=auto: bf16 (no readable config.json to probe)")
+    return choose("auto", *widths, device)
