@@ -12,55 +12,39 @@ from __future__ import annotations
 
 import copy
 import os
-import random
 import signal
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
 from torch import Tensor
 
-from rlft.run_state import trainable_tensors
+from rlft import run_state
 
 
 @dataclass
 class Snapshot:
-    """Everything a step changes, copied (under LoRA a few MB: the adapter and its Adam moments)."""
+    """A copy of :func:`rlft.run_state.collect` (under LoRA a few MB: the adapter and its Adam moments)."""
 
-    weights: dict[str, Tensor]
-    optimizer: dict[str, Any]
-    scheduler: dict[str, Any]
-    rng: tuple[Any, ...]
-    cursor: int
-    algo: tuple[float, float]
+    tensors: dict[str, dict[str, Tensor]]
+    state: dict[str, Any]
 
 
 def capture(c: Any) -> Snapshot:
     """Copy the components' training state (``c``: trainer Components)."""
-    weights = {k: v.detach().clone() for k, v in trainable_tensors(c).items()}
-    rng = (torch.get_rng_state(), c.shuffle.get_state(), np.random.get_state(), random.getstate())
-    return Snapshot(weights, copy.deepcopy(c.optimizer.state_dict()), copy.deepcopy(c.scheduler.state_dict()), rng,
-                    c.cursor, (c.state.penalty_beta, c.state.kl_coef))
+    tensors, state = run_state.collect(c)
+    copied = {f: {k: v.detach().clone() for k, v in group.items()} for f, group in tensors.items()}
+    return Snapshot(copied, copy.deepcopy(state))
 
 
 def restore(c: Any, snap: Snapshot) -> None:
-    """Put a snapshot back into the components."""
-    own = trainable_tensors(c)
-    if own.keys() != snap.weights.keys():  # e.g. an abort inside the critic's adapter switch
-        raise RuntimeError("the trained parameters changed during the step; resume from the last checkpoint")
-    with torch.no_grad():
-        for name, p in own.items():
-            p.copy_(snap.weights[name])
-    c.optimizer.load_state_dict(snap.optimizer)
-    c.scheduler.load_state_dict(snap.scheduler)
-    torch.set_rng_state(snap.rng[0])
-    c.shuffle.set_state(snap.rng[1])
-    np.random.set_state(snap.rng[2])
-    random.setstate(snap.rng[3])
-    c.cursor = snap.cursor
-    c.state.penalty_beta, c.state.kl_coef = snap.algo
+    """Put a snapshot back into the components.
+
+    Raises:
+        CheckpointError: the trained parameters changed during the step (e.g. an abort inside the
+            critic's adapter switch); the last checkpoint is then the place to resume from.
+    """
+    run_state.apply(c, snap.tensors, snap.state, "the step's starting state")
 
 
 class GracefulStop:

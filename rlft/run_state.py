@@ -107,13 +107,16 @@ def trainable_tensors(c: Any) -> dict[str, Tensor]:
     return out
 
 
-def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, metrics: dict | None = None) -> Path:
-    """Checkpoint the components after ``step`` completed steps; prune to ``keep_last``."""
+def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
+    """Everything a training step changes, as ``({file name: {tensor name: tensor}}, JSON state)``.
+
+    The tensors are the live ones (weights, optimizer moments), not copies. A checkpoint writes
+    this to disk; :mod:`rlft.failure` keeps a copy in memory at the start of each step.
+    """
     opt = c.optimizer.state_dict()
     opt_tensors = {f"{pid}.{k}": v for pid, s in opt["state"].items() for k, v in s.items()}
     np_state = np.random.get_state()
     state = {
-        "step": step,
         "cursor": c.cursor,
         "compute_dtype": c.precision.dtype,
         "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef},
@@ -121,14 +124,19 @@ def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, met
         "scheduler": c.scheduler.state_dict(),
         "python_rng": _py_state_to_json(random.getstate()),
         "numpy_rng": {"pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
-        "metrics": metrics or {},
     }
     rng = {
         "torch": torch.get_rng_state(),
         "shuffle": c.shuffle.get_state(),
         "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
     }
-    tensors = {WEIGHTS: trainable_tensors(c), OPTIMIZER: opt_tensors, RNG: rng}
+    return {WEIGHTS: trainable_tensors(c), OPTIMIZER: opt_tensors, RNG: rng}, state
+
+
+def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, metrics: dict | None = None) -> Path:
+    """Checkpoint the components after ``step`` completed steps; prune to ``keep_last``."""
+    tensors, state = collect(c)
+    state = {"step": step, **state, "metrics": metrics or {}}
     extra = _peft_writer(c.policy.model) if c.policy.lora else None
     path = ckpt.write_checkpoint(run_dir / "checkpoints", step, tensors, {ckpt.STATE: state, CONFIG: config_yaml},
                                  extra)
@@ -143,18 +151,6 @@ def _peft_writer(model: Any) -> Any:
     return write
 
 
-def load_weights(c: Any, path: Path) -> None:
-    """Copy a checkpoint's trained tensors into the components (names must match exactly)."""
-    saved = ckpt.read_tensors(path, WEIGHTS)
-    own = trainable_tensors(c)
-    missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
-    if missing or unexpected:
-        raise ckpt.CheckpointError(
-            f"checkpoint {path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
-    _copy_into(own, saved, path)
-
-
 def load_policy_weights(model: Any, path: Path) -> None:
     """Copy a checkpoint's policy weights (not its critic's) into a model built like the trained one."""
     from rlft.models.critic import CRITIC_ADAPTER
@@ -165,26 +161,39 @@ def load_policy_weights(model: Any, path: Path) -> None:
     missing = sorted(set(saved) - set(own))
     if missing:
         raise ckpt.CheckpointError(f"checkpoint {path} does not fit this model: no parameter {missing[0]}")
-    _copy_into({name: own[name] for name in saved}, saved, path)
+    _copy_into({name: own[name] for name in saved}, saved, f"checkpoint {path}")
 
 
-def _copy_into(own: dict[str, Tensor], saved: dict[str, Tensor], path: Path) -> None:
+def _copy_into(own: dict[str, Tensor], saved: dict[str, Tensor], source: str) -> None:
     """``own[name] <- saved[name]`` for every name in ``own``, refusing a shape mismatch."""
     with torch.no_grad():
         for name, p in own.items():
             if saved[name].shape != p.shape:
-                raise ckpt.CheckpointError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, "
+                raise ckpt.CheckpointError(f"{source}: {name} has shape {tuple(saved[name].shape)}, "
                                            f"model has {tuple(p.shape)}")
             p.copy_(saved[name])
 
 
 def restore(c: Any, path: Path) -> dict[str, Any]:
     """Put the whole training state back; returns the trainer state JSON (``step``, ``metrics``, ...)."""
-    load_weights(c, path)
     state = ckpt.read_json(path, ckpt.STATE)
-    opt_tensors = ckpt.read_tensors(path, OPTIMIZER)
+    apply(c, {name: ckpt.read_tensors(path, name) for name in (WEIGHTS, OPTIMIZER, RNG)}, state, f"checkpoint {path}")
+    return state
+
+
+def apply(c: Any, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], source: str) -> None:
+    """Put what :func:`collect` returned (from a checkpoint or a snapshot) back into the components.
+
+    Raises:
+        CheckpointError: the trained tensors' names or shapes do not fit the components.
+    """
+    saved, own = tensors[WEIGHTS], trainable_tensors(c)
+    missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+    if missing or unexpected:
+        raise ckpt.CheckpointError(f"{source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    _copy_into(own, saved, source)
     opt_state: dict[int, dict[str, Tensor]] = {}
-    for key, value in opt_tensors.items():
+    for key, value in tensors[OPTIMIZER].items():
         pid, name = key.split(".", 1)
         opt_state.setdefault(int(pid), {})[name] = value
     c.optimizer.load_state_dict({"state": opt_state, "param_groups": state["optimizer_param_groups"]})
@@ -192,14 +201,13 @@ def restore(c: Any, path: Path) -> dict[str, Any]:
     c.cursor = int(state["cursor"])
     c.state.penalty_beta = float(state["algo"]["penalty_beta"])
     c.state.kl_coef = float(state["algo"]["kl_coef"])
-    rng = ckpt.read_tensors(path, RNG)
+    rng = tensors[RNG]
     torch.set_rng_state(rng["torch"])
     c.shuffle.set_state(rng["shuffle"])
     n = state["numpy_rng"]
     np.random.set_state(("MT19937", rng["numpy_keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached"]))
     random.setstate(_py_state_from_json(state["python_rng"]))
-    return state
 
 
 def _py_state_to_json(s: tuple) -> list:

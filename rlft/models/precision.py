@@ -82,10 +82,9 @@ def resolve(model_cfg: object, device: str = "cpu") -> Precision:
         return choose(model_cfg.dtype, 0, 0, device)
     if model_cfg.source == "tiny":
         return choose("auto", model_cfg.tiny.hidden_size, model_cfg.tiny.intermediate_size, device)
-    from rlft.models.loading import smollm2_dir
+    from rlft.models.loading import model_dir
 
-    where = Path(str(model_cfg.path)).expanduser() if model_cfg.source == "path" else smollm2_dir()
-    widths = model_widths(where)
+    widths = model_widths(model_dir(model_cfg))  # a missing directory is a one-line ModelError there
     if widths is None:  # loading reports what is wrong with the directory
         return Precision("bf16", "model.dtype=auto: bf16 (no readable config.json to probe)")
     return choose("auto", *widths, device)

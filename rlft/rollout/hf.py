@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlft.rollout.base import Generations, SamplingParams, stop_token_ids
+from rlft.rollout.base import Generations, SamplingParams
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
@@ -49,9 +49,9 @@ class HFSampler:
     update with :meth:`load_weights`, as it would into vLLM.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, seed: int, stop: list[int] | None = None, max_batch: int = 256):
+    def __init__(self, model: Any, tokenizer: Any, seed: int, stop: list[int], max_batch: int = 256):
         self.model = model.eval().requires_grad_(False)
-        self.stop = torch.tensor(stop if stop is not None else stop_token_ids(model.generation_config, tokenizer))
+        self.stop = torch.tensor(stop)  # rollout.base.stop_token_ids: the same set as vLLM's
         self.pad = tokenizer.pad_token_id
         self.max_batch = max_batch
         self.generator = torch.Generator().manual_seed(seed)
