@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint bench clean install-bench results-speed results-dapo results-trl results-samplers
+.PHONY: install train test test-slow test-gpu test-all lint bench clean install-bench results-speed results-dapo results-trl results-samplers
 
 install: $(STAMP)
 
@@ -23,10 +23,14 @@ train: install
 	$(VENV)/bin/rlft train $(ARGS)
 
 test: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not gpu"
 
 test-slow: install
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "slow and not gpu"
+
+# CUDA checks (tests/gpu): skipped without a GPU; RLFT_GPU_TESTS_DEVICE=cpu dry-runs them on the CPU.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 test-all: install
 	$(PY) -m pytest -q

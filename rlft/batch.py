@@ -2,10 +2,38 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class HostIndex:
+    """What decides a batch's shapes, kept in host memory so that reading it never waits for the device.
+
+    Attributes:
+        resp_start: Per row, as ``RolloutBatch.resp_start``.
+        resp_len: Per row, as ``RolloutBatch.resp_len``.
+        prompt_of: Per row, its prompt's index in ``prompts``.
+        prompts: The distinct prompts' token ids (shared by every selection of the batch).
+    """
+
+    resp_start: list[int]
+    resp_len: list[int]
+    prompt_of: list[int]
+    prompts: list[tuple[int, ...]]
+
+    @staticmethod
+    def of(input_ids: Tensor, resp_start: Tensor, resp_len: Tensor) -> HostIndex:
+        starts, ids = resp_start.tolist(), input_ids.tolist()
+        index: dict[tuple[int, ...], int] = {}
+        prompt_of = [index.setdefault(tuple(row[:s]), len(index)) for row, s in zip(ids, starts)]
+        return HostIndex(starts, resp_len.tolist(), prompt_of, list(index))
+
+    def select(self, rows: list[int]) -> HostIndex:
+        return HostIndex([self.resp_start[i] for i in rows], [self.resp_len[i] for i in rows],
+                         [self.prompt_of[i] for i in rows], self.prompts)
 
 
 @dataclass
@@ -26,6 +54,10 @@ class RolloutBatch:
         returns: (B, T).
         values: (B, T) critic values at rollout time (PPO).
         sampler_logp: (B, T) the sampler's own log-probs of the completion tokens (vLLM).
+        host: The lengths and prompts in host memory (built from the tensors when not given).
+
+    The tensors live on one device (the learner's, see :meth:`to`); row indices passed to
+    :meth:`select` are host tensors, as the shuffler and :func:`rlft.learner.by_length` make them.
     """
 
     input_ids: Tensor
@@ -41,29 +73,45 @@ class RolloutBatch:
     returns: Tensor | None = None
     values: Tensor | None = None
     sampler_logp: Tensor | None = None
+    host: HostIndex | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            self.host = HostIndex.of(self.input_ids, self.resp_start, self.resp_len)
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch with every tensor on ``device`` (the host index stays in host memory)."""
+        # Host-to-device copies need not block; a device-to-host one must finish before it is read.
+        moved = {f.name: v.to(device, non_blocking=v.device.type == "cpu")
+                 for f in fields(self) if isinstance(v := getattr(self, f.name), Tensor)}
+        return replace(self, **moved)
+
     def select(self, rows: Tensor) -> RolloutBatch:
-        """The given rows, with padding columns that no selected row uses trimmed off."""
-        picked = {
-            f.name: (v[rows] if isinstance(v := getattr(self, f.name), Tensor) else v) for f in fields(self)
-        }
-        sub = replace(self, **picked)
-        t_len = max(1, int(sub.resp_len.max().item()))
-        l_len = int((sub.resp_start + sub.resp_len).max().item())
-        out = {}
-        for f in fields(sub):
-            v = getattr(sub, f.name)
+        """The given rows (a host tensor of indices), with padding columns no selected row uses trimmed off."""
+        host = self.host.select(rows.tolist())
+        t_len = max(1, max(host.resp_len))
+        l_len = max(s + n for s, n in zip(host.resp_start, host.resp_len))
+        on_device = rows.to(self.device, non_blocking=True)
+        out: dict[str, object] = {"host": host}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, Tensor):
+                continue
+            v = v[on_device]
             if f.name == "input_ids":
-                out[f.name] = v[:, :l_len]
-            elif isinstance(v, Tensor) and v.dim() == 2:
-                out[f.name] = v[:, :t_len]
-            else:
-                out[f.name] = v
-        return replace(sub, **out)
+                v = v[:, :l_len]
+            elif v.dim() == 2:
+                v = v[:, :t_len]
+            out[f.name] = v
+        return replace(self, **out)
 
 
 def pack(

@@ -72,7 +72,9 @@ def write_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     for i, (name, tensor_dict) in enumerate(tensors.items()):
-        save_file({k: v.detach().contiguous() for k, v in tensor_dict.items()}, str(tmp / name))
+        # Host copies: a checkpoint written from CUDA tensors loads anywhere (and is mapped onto the
+        # resuming run's device by run_state.apply).
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensor_dict.items()}, str(tmp / name))
         if i == 0:
             _fault_pause(FAULT_DELAY_ENV)
     for name, obj in jsons.items():

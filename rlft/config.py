@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,12 +140,16 @@ class ModelConfig:
     path: str | None = None
     """Local Hugging Face model directory (source=path)."""
     dtype: str = "auto"
-    """Compute dtype: bf16 (autocast, frozen weights in bf16), fp32, or auto (whichever a start-up GEMM
-    probe at the model's shapes measures faster on this CPU, where the learner runs; logged with its
-    figures; a resumed run keeps the dtype its checkpoint was trained in)."""
+    """Compute dtype: bf16 (autocast, frozen weights in bf16), fp32, or auto (bf16 on CUDA; on CPU
+    whichever a start-up GEMM probe at the model's shapes measures faster, logged with its figures;
+    a resumed run keeps the dtype its checkpoint was trained in)."""
     attn_implementation: str = "auto"
-    """Learner attention kernel: eager, sdpa, or auto (eager on CPU, where it trained ~15% faster
-    than sdpa's flash kernel on short RL sequences; sdpa elsewhere)."""
+    """Learner attention kernel: eager, sdpa, flash_attention_2 (CUDA, needs the flash-attn package), or
+    auto (eager on CPU, where it trained ~15% faster than sdpa's flash kernel on short RL sequences;
+    sdpa on CUDA)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in backward instead of keeping them (long sequences on
+    a GPU); the learner then runs each row whole, without sharing a prompt's pass across its group."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Adapter settings."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -266,6 +271,9 @@ class TrainerConfig:
     (fresh if none); a path continues from that checkpoint (or the newest one in that run directory)."""
     threads: int = 0
     """torch intra-op threads (0: torch's default)."""
+    device: str = "auto"
+    """Where the learner (policy, reference, critic, optimizer, batches) runs: auto (cuda when
+    available, else cpu), cpu, cuda or cuda:N."""
     max_minutes: float = 0.0
     """Wall-clock budget: stop after the step that crosses it, then evaluate and checkpoint (0: off)."""
 
@@ -549,8 +557,7 @@ def validate(cfg: Config) -> None:
         )
     if cfg.model.dtype not in ("auto", "bf16", "fp32"):
         raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: auto, bf16, fp32")
-    if cfg.model.attn_implementation not in ("auto", "eager", "sdpa"):
-        raise ConfigError(f"model.attn_implementation='{cfg.model.attn_implementation}'; valid choices: auto, eager, sdpa")
+    _check_device(t.device, cfg.model)
     if cfg.model.source not in ("smollm2_gguf", "path", "tiny"):
         raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
     if cfg.model.source == "path" and not cfg.model.path:
@@ -569,6 +576,33 @@ def validate(cfg: Config) -> None:
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
     _check_sampler(cfg)
+
+
+def _check_device(device: str, m: ModelConfig) -> None:
+    """The learner's device and the attention kernel exist here."""
+    import importlib.util
+
+    import torch
+
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ConfigError(f"trainer.device='{device}'; valid choices: auto, cpu, cuda, cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"trainer.device={device} but this torch ({torch.__version__}) sees no CUDA device; "
+                              "use trainer.device=cpu (or auto)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"trainer.device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    kernels = ("auto", "eager", "sdpa", "flash_attention_2")
+    if m.attn_implementation not in kernels:
+        raise ConfigError(f"model.attn_implementation='{m.attn_implementation}'; valid choices: {', '.join(kernels)}")
+    if m.attn_implementation == "flash_attention_2":
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("model.attn_implementation=flash_attention_2 needs the flash-attn package "
+                              "(pip install flash-attn, CUDA only); or use sdpa")
+        if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+            raise ConfigError("model.attn_implementation=flash_attention_2 runs only on CUDA; this run's learner "
+                              "is on the CPU (use eager, sdpa or auto)")
 
 
 def _check_single_pass(a: AlgoConfig) -> None:

@@ -70,6 +70,7 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     """Evaluate the base model named by ``cfg.model`` or, given one, a checkpoint's policy."""
     from rlft.data import build_task
     from rlft.models import build_policy
+    from rlft.models.device import resolve_device
     from rlft.models.loading import quiet_libraries
     from rlft.models.precision import resolve as resolve_precision
     from rlft.rollout import build_sampler, sync_sampler
@@ -82,9 +83,10 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
                         "set data.eval_path or pass --data FILE)")
     if checkpoint is not None and cfg.model.dtype == "auto":  # evaluate in the dtype the policy was trained in
         cfg.model.dtype = trained_dtype(checkpoint) or "auto"
-    cfg.model.dtype = resolve_precision(cfg.model).dtype
-    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False)
-    sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed)
+    device = resolve_device(cfg.trainer.device)
+    cfg.model.dtype = resolve_precision(cfg.model, device.type).dtype
+    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False, device=device)
+    sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     if checkpoint is not None:
         load_policy_weights(policy.model, checkpoint)
         sync_sampler(sampler, policy)

@@ -31,9 +31,10 @@ class Snapshot:
 
 
 def capture(c: Any) -> Snapshot:
-    """Copy the components' training state (``c``: trainer Components)."""
+    """Copy the components' training state (``c``: trainer Components) into host memory (on a GPU,
+    device memory is the scarce one; the copy costs one transfer per step)."""
     tensors, state = run_state.collect(c)
-    copied = {f: {k: v.detach().clone() for k, v in group.items()} for f, group in tensors.items()}
+    copied = {f: {k: v.detach().to("cpu", copy=True) for k, v in group.items()} for f, group in tensors.items()}
     return Snapshot(copied, copy.deepcopy(state))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,52 +23,80 @@ def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
     Rows that share a prompt (the n samples of a group) share its computation: the distinct
     prompts run once, left-aligned to a common end, and their key/value cache is indexed out
     to every row before the completions run on top of it. Gradients flow through the shared
-    cache back into the prompt pass, so the result equals a full forward of each row.
+    cache back into the prompt pass, so the result equals a full forward of each row. Under
+    gradient checkpointing (which cannot keep a cache) each row runs whole instead.
 
     Args:
         model: A causal LM (plain or peft) exposing ``get_decoder``.
-        batch: Uses ``input_ids`` (B, L), ``resp_start``, ``resp_len`` and ``response_mask`` (B, T).
+        batch: Uses ``input_ids`` (B, L), ``resp_start``, ``resp_len``, ``response_mask`` (B, T), ``host``.
 
     Returns:
         ``hidden`` (B, T, H): row b's state before completion token t; and ``targets`` (B, T),
         the completion tokens (meaningful where the response mask is 1).
     """
+    if model.training and getattr(model, "is_gradient_checkpointing", False):
+        return _whole_rows_hidden(model, batch)
     from transformers import DynamicCache
 
-    decoder = model.get_decoder()
+    decoder, dev = model.get_decoder(), batch.device
     prompt_ids, prompt_mask, slot = _distinct_prompts(batch)
     cache = DynamicCache()
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     last = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos,
                    past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
     t_len = batch.response_mask.shape[1]
-    cols = batch.resp_start[:, None] + torch.arange(t_len)[None, :]
-    targets = batch.input_ids.gather(1, cols.clamp(max=batch.input_ids.shape[1] - 1))
+    targets = _targets(batch)
     first = last[slot].unsqueeze(1)
     if t_len == 1:
         return first, targets
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys[slot], layer.values[slot]
     mask = torch.cat([prompt_mask[slot], batch.response_mask[:, :-1].long()], dim=1)
-    pos = prompt_pos[slot, -1:] + 1 + torch.arange(t_len - 1)[None, :]
+    pos = prompt_pos[slot, -1:] + 1 + torch.arange(t_len - 1, device=dev)[None, :]
     rest = decoder(input_ids=targets[:, :-1], attention_mask=mask, position_ids=pos, past_key_values=cache,
                    use_cache=True).last_hidden_state
     return torch.cat([first, rest], dim=1), targets
 
 
+def _response_columns(batch: RolloutBatch) -> Tensor:
+    """(B, T) column in ``input_ids`` of each completion token (clamped to the row width)."""
+    t_len = batch.response_mask.shape[1]
+    cols = batch.resp_start[:, None] + torch.arange(t_len, device=batch.device)[None, :]
+    return cols.clamp(max=batch.input_ids.shape[1] - 1)
+
+
+def _targets(batch: RolloutBatch) -> Tensor:
+    return batch.input_ids.gather(1, _response_columns(batch))
+
+
+def _whole_rows_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+    """``response_hidden`` by one forward over each whole row (prompt + completion, right-padded)."""
+    ids, dev = batch.input_ids, batch.device
+    ends = batch.resp_start + batch.resp_len
+    attn = (torch.arange(ids.shape[1], device=dev)[None, :] < ends[:, None]).long()
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    before = (_response_columns(batch) - 1).clamp(min=0)
+    h = hidden.gather(1, before[..., None].expand(-1, -1, hidden.shape[-1]))
+    return h, _targets(batch)
+
+
 def _distinct_prompts(batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
-    """The distinct prompts, left-padded (P, Lp), their mask, and each row's prompt index (B,)."""
-    index: dict[tuple[int, ...], int] = {}
-    rows = [batch.input_ids[i, : int(batch.resp_start[i])].tolist() for i in range(batch.size)]
-    slot = torch.tensor([index.setdefault(tuple(r), len(index)) for r in rows])
-    prompts = list(index)
+    """The distinct prompts, left-padded (P, Lp), their mask, and each row's prompt index (B,).
+
+    Built from the host index (no wait for the device) and copied over without blocking.
+    """
+    index: dict[int, int] = {}
+    slot = [index.setdefault(p, len(index)) for p in batch.host.prompt_of]
+    prompts = [batch.host.prompts[p] for p in index]
     width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=batch.input_ids.dtype)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    ids = torch.zeros((len(prompts), width), dtype=batch.input_ids.dtype, device="cpu")
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device="cpu")
     for k, p in enumerate(prompts):
-        ids[k, width - len(p) :] = torch.tensor(p)
+        ids[k, width - len(p) :] = torch.tensor(p, device="cpu")
         mask[k, width - len(p) :] = 1
-    return ids, mask, slot
+    dev = batch.device
+    return (ids.to(dev, non_blocking=True), mask.to(dev, non_blocking=True),
+            torch.tensor(slot, device="cpu").to(dev, non_blocking=True))
 
 
 class _TokenLogProbs(torch.autograd.Function):
@@ -83,10 +111,10 @@ class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
                 chunk: int) -> tuple[Tensor, Tensor]:
-        n = hidden.shape[0]
-        logp = torch.empty(n, dtype=torch.float32)
-        entropy = torch.empty(n, dtype=torch.float32)
-        lse = torch.empty(n, dtype=torch.float32)
+        n, dev = hidden.shape[0], hidden.device
+        logp = torch.empty(n, dtype=torch.float32, device=dev)
+        entropy = torch.empty(n, dtype=torch.float32, device=dev)
+        lse = torch.empty(n, dtype=torch.float32, device=dev)
         for s in range(0, n, chunk):
             # One exp pass serves the normalizer, the target's log-prob and the entropy:
             # with z = logits - max, e = exp(z), S = sum(e): logp = z[target] - log S and
@@ -110,8 +138,8 @@ class _TokenLogProbs(torch.autograd.Function):
         hidden, weight, targets, lse = ctx.saved_tensors
         t, chunk = ctx.temperature, ctx.chunk
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        rows = torch.arange(min(chunk, hidden.shape[0]))
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        rows = torch.arange(min(chunk, hidden.shape[0]), device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
             h, g = hidden[s : s + chunk], grad_logp[s : s + chunk].float()
             probs = _logits(h, weight, t).sub_(lse[s : s + chunk, None]).exp_()
@@ -155,10 +183,11 @@ def token_logprobs(
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("LM heads with a bias are not supported")
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else h.dtype
+    kind = h.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
     logp, entropy = _TokenLogProbs.apply(h.to(dtype), head.weight.to(dtype), targets, temperature, chunk_tokens)
-    out_logp = torch.zeros(b * t_len, dtype=torch.float32).index_put((valid,), logp)
-    out_ent = torch.zeros(b * t_len, dtype=torch.float32).index_put((valid,), entropy)
+    out_logp = torch.zeros(b * t_len, dtype=torch.float32, device=h.device).index_put((valid,), logp)
+    out_ent = torch.zeros(b * t_len, dtype=torch.float32, device=h.device).index_put((valid,), entropy)
     return out_logp.view(b, t_len), out_ent.view(b, t_len)
 
 
@@ -170,19 +199,20 @@ def critic_values(critic: Critic, batch: RolloutBatch) -> Tensor:
 
 
 def by_length(batch: RolloutBatch, rows: Tensor, micro: int) -> tuple[Tensor, ...]:
-    """``rows`` in micro-batches of similar completion length, so each pads to little more than
-    its own rows (prompts are short and shared within a micro-batch, so their padding matters less)."""
-    return rows[torch.argsort(batch.resp_len[rows], stable=True)].split(micro)
+    """``rows`` (host indices) in micro-batches of similar completion length, so each pads to little
+    more than its own rows (prompts are short and shared within a micro-batch, so their padding matters less)."""
+    lengths = torch.tensor(batch.host.resp_len, device="cpu")
+    return rows[torch.argsort(lengths[rows], stable=True)].split(micro)
 
 
 def _per_row(policy: Policy, batch: RolloutBatch, micro: int, fn: Any) -> Tensor:
     out = torch.zeros_like(batch.response_mask)
     with torch.no_grad():
-        for rows in by_length(batch, torch.arange(batch.size), micro):
+        for rows in by_length(batch, torch.arange(batch.size, device="cpu"), micro):
             sub = batch.select(rows)
             with policy.autocast():
                 values = fn(sub)
-            out[rows, : values.shape[1]] = values.float()
+            out[rows.to(out.device, non_blocking=True), : values.shape[1]] = values.float()
     return out
 
 
@@ -279,20 +309,22 @@ def update_policy(
     algo = cfg.algo
     if penalty_beta is not None:
         algo = dataclasses.replace(algo, penalty_beta=penalty_beta)
+    rows = _RowFacts.of(batch)  # the update's one read of batch values; the rest stays on the device
     acc = _MetricSums()
     losses, norms = [], []
     params = [p for group in optimizer.param_groups for p in group["params"]]
     epochs_run = 0
     for _ in range(algo.ppo_epochs):
         epochs_run += 1
-        order = torch.randperm(batch.size, generator=generator)
+        order = torch.randperm(batch.size, generator=generator, device="cpu")  # host row indices
         stop = False
         for mini in order.chunk(algo.num_mini_batches):
-            if _nothing_to_learn(batch, mini, algo, critic):
+            if rows.nothing_to_learn(mini.tolist(), algo, critic):
                 continue
-            loss, kl = _accumulate_gradients(policy, optimizer, batch, mini, cfg, algo, critic, acc)
-            if algo.early_stop_kl > 0 and losses and kl > algo.early_stop_kl:
-                optimizer.zero_grad(set_to_none=True)  # the dropped step's gradients would outlive the update
+            norm = LossNorm(float(len(mini)), rows.tokens(mini.tolist()), float(cfg.sampler.max_new_tokens))
+            loss, kl = _accumulate_gradients(policy, optimizer, batch, mini, norm, cfg, algo, critic, acc)
+            # The one decision that needs a value back from the device before the next step.
+            if algo.early_stop_kl > 0 and losses and float(kl) > algo.early_stop_kl:
                 stop = True
                 break
             norms.append(_clip(params, cfg.optim.max_grad_norm))
@@ -302,9 +334,10 @@ def update_policy(
             losses.append(loss)
         if stop:
             break
+    optimizer.zero_grad(set_to_none=True)  # gradients would otherwise hold device memory through the rollout
     out = acc.means()
-    out["loss"] = sum(losses) / len(losses) if losses else 0.0
-    out["grad_norm"] = sum(norms) / len(norms) if norms else 0.0
+    out["loss"] = float(torch.stack(losses).mean()) if losses else 0.0
+    out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
     out["lr"] = optimizer.param_groups[0]["lr"]
     out["epochs_run"] = float(epochs_run)
     out["update/optimizer_steps"] = float(len(losses))
@@ -312,52 +345,74 @@ def update_policy(
     return out
 
 
-def _nothing_to_learn(batch: RolloutBatch, mini: Tensor, algo: Any, critic: Critic | None) -> bool:
-    """No loss token (all masked), or zero advantages on every one with no other term (KL to the
-    reference, PPO-Penalty, a critic): the gradient is exactly 0, and an AdamW step would still
-    move the weights (moments, decay)."""
-    mask = batch.response_mask[mini]
-    if not bool(mask.any()):
-        return True
-    if critic is not None or algo.beta > 0 or algo.policy_loss == "kl_penalty":
-        return False  # a KL term, PPO-Penalty's pull back to the old policy, or the value loss
-    return not bool((batch.advantages[mini] * mask).any())
+@dataclass
+class _RowFacts:
+    """Per-row loss tokens and whether the row carries a learning signal, read once per update."""
+
+    tokens_per_row: list[float]
+    signal: list[bool]
+
+    @staticmethod
+    def of(batch: RolloutBatch) -> _RowFacts:
+        mask = batch.response_mask
+        signal = (batch.advantages * mask).ne(0).any(1)
+        both = torch.stack([mask.sum(1), signal.float()]).tolist()
+        return _RowFacts(both[0], [bool(v) for v in both[1]])
+
+    def tokens(self, rows: list[int]) -> float:
+        return float(sum(self.tokens_per_row[i] for i in rows))
+
+    def nothing_to_learn(self, rows: list[int], algo: Any, critic: Critic | None) -> bool:
+        """No loss token (all masked), or zero advantages on every one with no other term (KL to the
+        reference, PPO-Penalty, a critic): the gradient is exactly 0, and an AdamW step would still
+        move the weights (moments, decay)."""
+        if self.tokens(rows) == 0:
+            return True
+        if critic is not None or algo.beta > 0 or algo.policy_loss == "kl_penalty":
+            return False  # a KL term, PPO-Penalty's pull back to the old policy, or the value loss
+        return not any(self.signal[i] for i in rows)
 
 
 class _MetricSums:
-    """Per-micro-batch metrics, summed weighted by response tokens (``*_max`` keys: maximum)."""
+    """Per-micro-batch metrics, summed on the device weighted by response tokens (``*_max`` keys:
+    maximum), and read back once by :meth:`means`."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = defaultdict(float)
-        self.maxes: dict[str, float] = {}
-        self.weight = 0.0
+        self.sums: dict[str, Tensor] = {}
+        self.maxes: dict[str, Tensor] = {}
+        self.weight: Tensor | None = None
 
-    def add(self, metrics: dict[str, Tensor], tokens: float) -> None:
+    def add(self, metrics: dict[str, Tensor], tokens: Tensor) -> None:
         for k, v in metrics.items():
+            v = v.detach().float()
             if k.endswith("_max"):
-                self.maxes[k] = max(self.maxes.get(k, 0.0), float(v))
+                self.maxes[k] = torch.maximum(self.maxes[k], v) if k in self.maxes else v
             else:
-                self.sums[k] += float(v) * tokens
-        self.weight += tokens
+                self.sums[k] = self.sums[k] + v * tokens if k in self.sums else v * tokens
+        self.weight = tokens if self.weight is None else self.weight + tokens
 
     def means(self) -> dict[str, float]:
-        out = {k: v / max(self.weight, 1.0) for k, v in self.sums.items()}
-        out.update(self.maxes)
-        return out
+        keys = list(self.sums) + list(self.maxes)
+        if not keys or self.weight is None:
+            return {}
+        weight = self.weight.clamp(min=1.0)
+        values = [self.sums[k] / weight for k in self.sums] + list(self.maxes.values())
+        return dict(zip(keys, torch.stack(values).tolist()))
 
 
 def _accumulate_gradients(
-    policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, mini: Tensor, cfg: Any, algo: Any,
-    critic: Critic | None, acc: _MetricSums,
-) -> tuple[float, float]:
+    policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, mini: Tensor, norm: LossNorm, cfg: Any,
+    algo: Any, critic: Critic | None, acc: _MetricSums,
+) -> tuple[Tensor, Tensor]:
     """Forward and backward over one mini-batch, micro-batch by micro-batch, into fresh gradients.
 
+    Nothing is read back from the device here: metrics accumulate as device tensors.
+
     Returns:
-        The mini-batch's loss and its mean approx KL(old || new) over response tokens.
+        The mini-batch's loss and its mean approx KL(old || new) over response tokens (0-dim tensors).
     """
-    norm = LossNorm(float(len(mini)), float(batch.response_mask[mini].sum()), float(cfg.sampler.max_new_tokens))
     optimizer.zero_grad(set_to_none=True)
-    total, kl_sum, kl_tokens = 0.0, 0.0, 0.0
+    total = kl_sum = kl_tokens = None
     for rows in by_length(batch, mini, cfg.trainer.micro_batch_size):
         sub = batch.select(rows)
         loss, metrics = _policy_loss(policy, sub, algo, cfg.sampler.temperature, norm)
@@ -367,19 +422,24 @@ def _accumulate_gradients(
             v_loss.backward()
             loss = loss + v_loss
             metrics.update(v_metrics)
-        total += loss.item()
-        tokens = float(sub.response_mask.sum())
+        tokens = sub.response_mask.sum()
         acc.add(metrics, tokens)
-        kl_sum += float(metrics["approx_kl"]) * tokens
-        kl_tokens += tokens
-    return total, kl_sum / max(kl_tokens, 1.0)
+        total = _plus(total, loss.detach())
+        kl_sum = _plus(kl_sum, metrics["approx_kl"] * tokens)
+        kl_tokens = _plus(kl_tokens, tokens)
+    return total, kl_sum / kl_tokens.clamp(min=1.0)
 
 
-def _clip(params: list[Tensor], max_norm: float) -> float:
+def _plus(total: Tensor | None, x: Tensor) -> Tensor:
+    return x if total is None else total + x
+
+
+def _clip(params: list[Tensor], max_norm: float) -> Tensor:
+    """The gradient norm (before clipping to ``max_norm``, when > 0), as a device tensor."""
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    grads = [p.grad.norm() for p in params if p.grad is not None]
-    return float(torch.norm(torch.stack(grads))) if grads else 0.0
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=params[0].device)
 
 
 def build_optimizer(

@@ -23,6 +23,7 @@ from rlft.config import ConfigError
 WEIGHTS = "trainable.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 RNG = "rng.safetensors"
+CUDA_RNG = "cuda"
 CONFIG = "config.yaml"
 
 HARMLESS, NUMERICS, HARMFUL = "harmless", "numerics only", "harmful"
@@ -45,6 +46,9 @@ KEY_CLASSES: dict[str, tuple[str, str]] = {
     **_rows(HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it", "trainer.steps"),
     **_rows(NUMERICS, "float summation order and padding of the gradient accumulation", "trainer.micro_batch_size"),
     **_rows(NUMERICS, "float rounding of CPU kernels that split work by thread", "trainer.threads"),
+    **_rows(NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)", "trainer.device"),
+    **_rows(NUMERICS, "recomputes the same activations, whole rows instead of a shared prompt pass",
+            "model.gradient_checkpointing"),
     **_rows(NUMERICS, "float rounding of another kernel for the same attention", "model.attn_implementation"),
     **_rows(NUMERICS, "rounding and random draws of another backend for the same distribution", "sampler.name"),
     **_rows(NUMERICS, "rounding and random draws of the vLLM engine", "sampler.vllm."),
@@ -130,6 +134,8 @@ def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
         "shuffle": c.shuffle.get_state(),
         "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
     }
+    if c.device.type == "cuda":  # dropout on the GPU draws from the device's generator
+        rng[CUDA_RNG] = torch.cuda.get_rng_state(c.device)
     return {WEIGHTS: trainable_tensors(c), OPTIMIZER: opt_tensors, RNG: rng}, state
 
 
@@ -203,11 +209,20 @@ def apply(c: Any, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], 
     c.state.kl_coef = float(state["algo"]["kl_coef"])
     rng = tensors[RNG]
     torch.set_rng_state(rng["torch"])
+    restore_device_rng(rng, c.device)
     c.shuffle.set_state(rng["shuffle"])
     n = state["numpy_rng"]
     np.random.set_state(("MT19937", rng["numpy_keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached"]))
     random.setstate(_py_state_from_json(state["python_rng"]))
+
+
+def restore_device_rng(rng: dict[str, Tensor], device: torch.device) -> None:
+    """The CUDA generator's state, when the checkpoint has one and this run is on CUDA. A CUDA
+    checkpoint resumed on the CPU (or the other way round) has no device generator to carry over:
+    the CPU-side states (torch, numpy, python, shuffler) are restored either way."""
+    if CUDA_RNG in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng[CUDA_RNG], device)
 
 
 def _py_state_to_json(s: tuple) -> list:

@@ -25,6 +25,7 @@ from rlft.evaluation import evaluate
 from rlft.learner import batch_logprobs, batch_values, build_optimizer, update_policy
 from rlft.models import Policy, build_policy
 from rlft.models.critic import Critic, build_critic
+from rlft.models.device import resolve_device
 from rlft.models.loading import quiet_libraries
 from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
@@ -47,20 +48,23 @@ class Components:
     shuffle: torch.Generator
     state: AlgoState
     precision: Precision
+    device: torch.device
     critic: Critic | None = None
     cursor: int = 0
     """Training batches drawn so far (dynamic sampling draws several per step)."""
 
 
 def build_components(cfg: Any, dtype: str | None = None) -> Components:
-    """Seed, then build the task, policy, sampler and optimizer named by ``cfg``.
+    """Seed, then build the task, policy, sampler and optimizer named by ``cfg``, on ``trainer.device``.
 
     ``model.dtype=auto`` is resolved here (and written back into ``cfg.model.dtype``), unless
     ``dtype`` gives the one a resumed checkpoint was trained in.
     """
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
-    precision = Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype else resolve_precision(cfg.model)
+    device = resolve_device(cfg.trainer.device)
+    precision = (Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
+                 else resolve_precision(cfg.model, device.type))
     cfg.model.dtype = precision.dtype
     quiet_libraries()
     seed_everything(cfg.seed)
@@ -68,15 +72,15 @@ def build_components(cfg: Any, dtype: str | None = None) -> Components:
     for name in cfg.reward.fns:  # fail on a bad reward name before loading the model
         resolve_reward(name)
     a = cfg.algo
-    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference)
-    sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed)
+    policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference, device=device)
+    sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
     total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
     optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, critic)
+    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic)
 
 
 @dataclass
@@ -183,7 +187,7 @@ def collect_rollout(c: Components, cfg: Any) -> Rollout:
         batch.sampler_logp = torch.zeros_like(mask)
         for i, lp in enumerate(lps):
             batch.sampler_logp[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
-    return Rollout(batch, metrics)
+    return Rollout(batch.to(c.device), metrics)
 
 
 def untruncated(s: Any) -> bool:
@@ -354,7 +358,7 @@ def _announce(tracker: Tracker, c: Components, cfg: Any, run_dir: Path, resume: 
         f"({f'LoRA r={cfg.model.lora.r}' if c.policy.lora else 'full'}) | "
         f"{cfg.trainer.num_prompts} prompts x {cfg.sampler.n} samples | {len(c.task.eval_problems)} eval problems"
     )
-    tracker.info(c.precision.reason)
+    tracker.info(f"learner on {c.device} | {c.precision.reason}")
     if not c.task.eval_problems:
         why = "data.num_eval=0" if cfg.data.num_eval == 0 else "the data leaves no held-out rows (set data.eval_path)"
         tracker.info(f"evaluation skipped: no held-out problems ({why})")

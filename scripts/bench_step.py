@@ -68,6 +68,13 @@ def main() -> int:
         f"step {tokens / step_s:.0f} generated tok/s | setup {setup_s:.1f}s | "
         f"mean over {args.steps} steps after {args.warmup} warm-up"
     )
+    import torch
+
+    where = f"learner on {c.device} ({c.precision.dtype})"
+    if c.device.type == "cuda":
+        where += (f", {torch.cuda.get_device_name(c.device)}, peak allocated "
+                  f"{torch.cuda.max_memory_allocated(c.device) / 2**30:.2f} GiB")
+    console.print(where)
     return 0
 
 

@@ -46,12 +46,12 @@ def group_normalized_scores(scores: Tensor, group_ids: Tensor, norm_by_std: bool
     """
     _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     n_groups = counts.numel()
-    sums = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, inverse, scores)
+    sums = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, scores)
     means = sums / counts
     centred = scores - means[inverse]
     if not norm_by_std:
         return centred
-    sq = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, inverse, centred**2)
+    sq = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, centred**2)
     std = torch.sqrt(sq / (counts - 1).clamp(min=1))
     return centred / (std[inverse] + eps)
 
@@ -90,8 +90,8 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: 
     """
     b, t_len = token_rewards.shape
     adv = torch.zeros_like(token_rewards)
-    next_value = torch.zeros(b, dtype=token_rewards.dtype)
-    next_adv = torch.zeros(b, dtype=token_rewards.dtype)
+    next_value = torch.zeros(b, dtype=token_rewards.dtype, device=token_rewards.device)
+    next_adv = torch.zeros(b, dtype=token_rewards.dtype, device=token_rewards.device)
     for t in reversed(range(t_len)):
         m = mask[:, t]
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]
@@ -142,7 +142,7 @@ def ppo_token_rewards(scores: Tensor, logp_old: Tensor, logp_ref: Tensor | None,
         rewards = -kl_coef * (logp_old - logp_ref) * mask
     last = (mask.sum(1).long() - 1).clamp(min=0)
     has_tokens = mask.sum(1) > 0
-    rows = torch.arange(mask.shape[0])
+    rows = torch.arange(mask.shape[0], device=mask.device)
     rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens].to(rewards.dtype)
     return rewards
 

@@ -71,6 +71,7 @@ def build_critic(policy: Policy, cfg: Any, seed: int) -> Critic:
         # advantages would then be mostly critic noise in the first updates.
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
+        head.to(policy.device)
         if policy.lora:
             from peft import LoraConfig
 
@@ -82,6 +83,7 @@ def build_critic(policy: Policy, cfg: Any, seed: int) -> Critic:
             )
             policy.model.set_adapter("default")
             _set_trainable(policy.model, ("default", CRITIC_ADAPTER))
+            policy.model.to(policy.device)  # the new adapter is created on the CPU
             return Critic(policy.model, head, CRITIC_ADAPTER)
     model = copy.deepcopy(policy.model)
     model.requires_grad_(True)

@@ -120,13 +120,14 @@ def load_tokenizer(cfg: Any) -> Any:
     return tok
 
 
-def load_base(cfg: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
+def load_base(cfg: Any, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu") -> tuple[Any, Any]:
     """The base causal LM (eval mode, on CPU) and its tokenizer.
 
     Args:
         cfg: ModelConfig.
         dtype: Dtype of the weights.
         seed: Initialises the random weights of ``source=tiny``.
+        device: Where the learner will run it (picks the attention kernel).
     """
     from transformers import AutoModelForCausalLM
 
@@ -150,11 +151,11 @@ def load_base(cfg: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
         with _loading(cfg, "model"):
             model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype)
     model.generation_config.pad_token_id = tok.pad_token_id
-    model.set_attn_implementation(attn_implementation(cfg))
+    model.set_attn_implementation(attn_implementation(cfg, device))
     return model.eval(), tok
 
 
-def attn_implementation(cfg: Any) -> str:
+def attn_implementation(cfg: Any, device: torch.device | str = "cpu") -> str:
     if cfg.attn_implementation != "auto":
         return cfg.attn_implementation
-    return "sdpa" if torch.cuda.is_available() else "eager"
+    return "sdpa" if torch.device(device).type == "cuda" else "eager"

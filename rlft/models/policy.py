@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlft.models.device import autocast
 from rlft.models.loading import DTYPES, load_base
 
 
@@ -25,6 +26,7 @@ class Policy:
         lora: Whether ``model`` is a LoRA-wrapped base.
         ref_model: Frozen copy for full fine-tuning with a KL term (None under LoRA,
             where the reference is the base with the adapter disabled).
+        device: Where the model (and everything the learner builds) lives.
     """
 
     model: Any
@@ -32,9 +34,10 @@ class Policy:
     compute_dtype: torch.dtype
     lora: bool
     ref_model: Any | None = None
+    device: torch.device = torch.device("cpu")
 
     def autocast(self) -> Any:
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.compute_dtype == torch.bfloat16)
+        return autocast(self.device, self.compute_dtype)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
@@ -96,22 +99,30 @@ def _keep_activation_dtype(model: Any) -> None:
             module.cast_input_dtype_enabled = False
 
 
-def build_policy(cfg: Any, seed: int, need_reference: bool) -> tuple[Policy, Any]:
-    """Load the base model and wrap it for training.
+def build_policy(cfg: Any, seed: int, need_reference: bool,
+                 device: torch.device | str = "cpu") -> tuple[Policy, Any]:
+    """Load the base model and wrap it for training on ``device``.
 
     Args:
         cfg: ModelConfig.
         seed: Seeds the random init of adapters (and of the tiny model).
         need_reference: Keep a frozen reference (only matters for full fine-tuning).
+        device: Where the policy (and its reference) lives.
 
     Returns:
-        The policy, and a plain copy of the base model for a sampler to own.
+        The policy, and a plain copy of the base model, on the CPU, for a sampler to own
+        (the hf sampler moves it to its device; vLLM loads its own).
     """
     compute = DTYPES[cfg.dtype]
     lora = cfg.lora.enabled
+    device = torch.device(device)
     # Under LoRA the frozen base can live in the compute dtype; full fine-tuning keeps fp32 masters.
-    base, tok = load_base(cfg, compute if lora else torch.float32, seed)
+    base, tok = load_base(cfg, compute if lora else torch.float32, seed, device)
     sampler_copy = copy.deepcopy(base).to(compute)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA) and keyword arguments.
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    base.to(device)
     ref_model = None
     if lora:
         with torch.random.fork_rng():
@@ -123,5 +134,5 @@ def build_policy(cfg: Any, seed: int, need_reference: bool) -> tuple[Policy, Any
         model = base
         if need_reference:
             ref_model = copy.deepcopy(base).to(compute).requires_grad_(False)
-    model.train()
-    return Policy(model, tok, compute, lora, ref_model), sampler_copy
+    model.to(device).train()  # the adapter is created on the CPU
+    return Policy(model, tok, compute, lora, ref_model, device), sampler_copy

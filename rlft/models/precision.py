@@ -3,8 +3,8 @@
 bf16 was ~5x faster than fp32 on one CPU of our machine kind and ~1.8x *slower* on another
 (an Intel Xeon whose bf16 GEMM ran 74 GFLOP/s per thread against fp32's 134), so no fixed
 choice is right on CPU. The probe times one GEMM of the model's MLP shape in each dtype, in
-well under a second, and keeps the faster. ``choose`` takes bf16 for a CUDA device, but the
-learner runs on CPU until the CUDA learner lands, so today every run probes.
+well under a second, and keeps the faster. On a CUDA learner (``trainer.device``) auto is bf16
+without a probe where the GPU supports it (Ampere and newer), else fp32.
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ def choose(requested: str, hidden: int, intermediate: int, device: str = "cpu") 
     if requested != "auto":
         return Precision(requested, f"model.dtype={requested}")
     if device.startswith("cuda"):
-        return Precision("bf16", "model.dtype=auto: bf16 on CUDA")
+        if torch.cuda.is_bf16_supported():
+            return Precision("bf16", "model.dtype=auto: bf16 on CUDA")
+        return Precision("fp32", f"model.dtype=auto: fp32 ({torch.cuda.get_device_name()} has no bf16 support)")
     bf16 = gemm_gflops(torch.bfloat16, TOKENS, hidden, intermediate)
     fp32 = gemm_gflops(torch.float32, TOKENS, hidden, intermediate)
     pick = "bf16" if bf16 >= fp32 else "fp32"

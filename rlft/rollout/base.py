@@ -84,7 +84,7 @@ def resolve_name(name: str) -> str:
     return "vllm" if vllm_available() else "hf"
 
 
-def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: int) -> Sampler:
+def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: int, device: Any = "cpu") -> Sampler:
     """The backend named by ``cfg.name`` (SamplerConfig).
 
     Args:
@@ -94,13 +94,14 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
             to a temporary directory only when the weights exist nowhere on disk).
         tokenizer: The policy's tokenizer.
         seed: Sampling seed.
+        device: The learner's device, where the hf sampler runs too (vLLM picks its own).
     """
     name = resolve_name(cfg.name)
     stop = stop_token_ids(model.generation_config, tokenizer)
     if name == "hf":
         from rlft.rollout.hf import HFSampler
 
-        return HFSampler(model, tokenizer, seed, stop)
+        return HFSampler(model, tokenizer, seed, stop, device=device)
     if name == "vllm":
         from rlft.rollout.vllm import VLLMSampler
 

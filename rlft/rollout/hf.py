@@ -37,7 +37,7 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     # Inverse-CDF sampling: torch.multinomial is ~20x slower on (B, 49152) rows on CPU.
     cdf = torch.softmax(logits, -1).cumsum(-1)
-    u = torch.rand((logits.shape[0], 1), generator=generator) * cdf[:, -1:]
+    u = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 
@@ -46,15 +46,18 @@ class HFSampler:
 
     The decode loop keeps a KV cache and drops finished rows from the batch, so a few long
     completions do not make every row pay. The trainer pushes merged weights in after each
-    update with :meth:`load_weights`, as it would into vLLM.
+    update with :meth:`load_weights`, as it would into vLLM. Everything runs on ``device`` (the
+    learner's); the same seed draws other tokens on CUDA than on the CPU (other generators).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, seed: int, stop: list[int], max_batch: int = 256):
-        self.model = model.eval().requires_grad_(False)
-        self.stop = torch.tensor(stop)  # rollout.base.stop_token_ids: the same set as vLLM's
+    def __init__(self, model: Any, tokenizer: Any, seed: int, stop: list[int], max_batch: int = 256,
+                 device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.stop = torch.tensor(stop, device=self.device)  # rollout.base.stop_token_ids: the same set as vLLM's
         self.pad = tokenizer.pad_token_id
         self.max_batch = max_batch
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(self.device).manual_seed(seed)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
@@ -74,11 +77,12 @@ class HFSampler:
         from transformers import DynamicCache
 
         b, width = len(rows), max(len(r) for r in rows)
-        ids = torch.full((b, width), self.pad, dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.long)
+        ids = torch.full((b, width), self.pad, dtype=torch.long, device="cpu")
+        mask = torch.zeros((b, width), dtype=torch.long, device="cpu")
         for i, r in enumerate(rows):  # left padding: every row continues from the right edge
-            ids[i, width - len(r) :] = torch.tensor(r)
+            ids[i, width - len(r) :] = torch.tensor(r, device="cpu")
             mask[i, width - len(r) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
@@ -91,7 +95,7 @@ class HFSampler:
             return head(hidden[:, -1, :]).float()
 
         logits = next_logits(ids, mask, positions)
-        alive = torch.arange(b)
+        alive = torch.arange(b, device=self.device)
         next_pos = positions[:, -1] + 1
         tokens: list[list[int]] = [[] for _ in range(b)]
         finished = [False] * b
@@ -108,7 +112,7 @@ class HFSampler:
                 alive, tok, mask, next_pos = alive[sel], tok[sel], mask[sel], next_pos[sel]
                 for layer in cache.layers:
                     layer.batch_select_indices(sel)
-            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=mask.dtype)], dim=1)
+            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=mask.dtype, device=self.device)], dim=1)
             logits = next_logits(tok[:, None], mask, next_pos[:, None])
             next_pos = next_pos + 1
         return tokens, [not f for f in finished]

@@ -134,5 +134,6 @@ class VLLMSampler:
 
     def _wake(self) -> None:
         if self.asleep:
+            torch.cuda.empty_cache()  # the learner's freed activations go back before the engine re-allocates
             self.llm.wake_up()
             self.asleep = False
