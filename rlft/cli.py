@@ -7,39 +7,12 @@ import os
 import re
 import sys
 
-USAGE = """rlft train [KEY=VALUE ...]
-
-Fine-tune a language model with RL from the configs in conf/.
-
-  rlft train                                  GRPO + LoRA on SmolLM2-135M, arithmetic task
-  rlft train algo=grpo trainer.steps=20       pick a group option, override any key
-  rlft train model=tiny sampler.n=4           fast random-weight model
-  rlft train hydra.run.dir=runs/exp1          choose the run directory
-  rlft train hydra.run.dir=runs/exp1 trainer.resume=auto     continue a stopped run
-  rlft train -m algo=grpo,dapo seed=0,1       sweep: every combination, then a summary
-
-Config groups (GROUP=OPTION):
-{groups}
-"""
-
-
-def _groups_help() -> str:
-    from rlft.config import GROUPS, group_options
-
-    return "\n".join(f"  {g:<9} {', '.join(group_options(g))}" for g in GROUPS)
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlft", description="RL fine-tuning of language models from YAML configs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    train = sub.add_parser(
-        "train", help="run a training job", usage=USAGE.format(groups=_groups_help()),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    train.add_argument("overrides", nargs="*", help="Hydra-style overrides, e.g. algo=grpo trainer.steps=10")
-    train.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
-    train.add_argument("-m", "--multirun", action="store_true",
-                       help="sweep: run every combination of comma-separated values (a,b), one job after another")
+    # `rlft train ...` never reaches argparse (main hands it to Hydra); listed here for `rlft --help`.
+    sub.add_parser("train", help="run a training job or a sweep (a Hydra application: rlft train --help)")
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
     export.add_argument("checkpoint", help="a checkpoints/step_NNNNNN directory, or a run directory (newest)")
     export.add_argument("out_dir", help="new output directory")
@@ -54,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
+def user_errors() -> tuple[type[Exception], ...]:
     """Problems with the user's config, data, model or checkpoint: one line and exit 2, no traceback."""
     from rlft.checkpoint import CheckpointError
     from rlft.config import ConfigError
@@ -77,41 +50,12 @@ def fail(message: str, code: int = 2) -> int:
     return code
 
 
-def cmd_train(overrides: list[str], show_cfg: bool) -> int:
-    from rlft.config import ConfigError, compose
-
-    try:
-        cfg, raw, run_dir = compose(overrides)
-    except ConfigError as e:
-        return fail(str(e))
-    from omegaconf import OmegaConf
-
-    resolved = OmegaConf.to_yaml(raw, resolve=True)
-    if show_cfg:
-        print(resolved, end="")
-        return 0
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rlft.paths import user_path
-    from rlft.rewards import RewardError
-    from rlft.trainer import train
-
-    try:
-        train(cfg, user_path(run_dir), resolved)
-    except _user_errors() as e:
-        return fail(str(e))
-    except RewardError as e:
-        return fail(str(e), 1)
-    except KeyboardInterrupt:
-        return fail(f"interrupted; continue with: rlft train ... hydra.run.dir={run_dir} trainer.resume=auto", 130)
-    return 0
-
-
 def cmd_export(checkpoint: str, out_dir: str, adapter_only: bool) -> int:
     from rlft.export import export
 
     try:
         used = export(checkpoint, out_dir, adapter_only)
-    except _user_errors() as e:
+    except user_errors() as e:
         return fail(str(e))
     print(f"exported {used} -> {out_dir}" + (" (adapter only)" if adapter_only else " (merged model)"))
     return 0
@@ -137,7 +81,7 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
         checkpoint = find_checkpoint(path) if path else None
         cfg = checkpoint_config(checkpoint, overrides) if checkpoint else compose(overrides)[0]
         result = run_eval(cfg, checkpoint, samples)
-    except _user_errors() as e:
+    except user_errors() as e:
         return fail(str(e))
     except RewardError as e:
         return fail(str(e), 1)
@@ -163,21 +107,18 @@ def _print_result(result: dict, out: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # user reward functions in the working directory import by name
         sys.path.insert(0, os.getcwd())
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # Hydra parses the rest: every Hydra flag works as documented
+        rest = argv[1:]
+        if {"-h", "--help"} & set(rest):
+            from rlft.help import train_help
+
+            print(train_help(rest))
+            return 0
+        from rlft.app import run
+
+        return run(rest)
     args = _parser().parse_args(argv)
-    if args.command == "train":
-        args.overrides = quote_home(args.overrides)
-    if args.command == "train" and args.multirun:
-        from rich.console import Console
-
-        from rlft.config import ConfigError
-        from rlft.sweep import run_sweep
-
-        try:
-            return run_sweep(args.overrides, Console())
-        except ConfigError as e:
-            return fail(str(e))
-    if args.command == "train":
-        return cmd_train(args.overrides, args.cfg)
     if args.command == "export":
         return cmd_export(args.checkpoint, args.out_dir, args.adapter_only)
     if args.command == "eval":

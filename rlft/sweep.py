@@ -1,15 +1,16 @@
-"""`rlft train -m`: every combination of comma-separated overrides, each job in its own process."""
+"""Sweeps: expanding a plain sweep's combinations (for checking them up front) and the summary
+that a Hydra callback writes at the end of every multirun."""
 
 from __future__ import annotations
 
 import csv
 import itertools
-import subprocess
-import sys
-import time
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hydra.experimental.callback import Callback
 
 from rlft.paths import user_path
 from rlft.tracking import read_metrics
@@ -20,7 +21,7 @@ SUMMARY_KEYS = ("reward/mean", "eval/accuracy")
 @dataclass
 class Job:
     name: str
-    """Directory name: the job's own overrides, e.g. ``algo=dapo,seed=1``."""
+    """The job's own overrides (those not shared by every job), e.g. ``algo=dapo,seed=1``."""
     overrides: list[str]
     run_dir: Path
     status: str = "pending"
@@ -28,51 +29,69 @@ class Job:
 
 
 def expand(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
-    """Split shell overrides into the fixed ones and the cartesian product of the swept ones.
+    """Split shell overrides into the fixed ones and the cartesian product of the swept ones
+    (``interval(a,b)``, which only a sweeper such as Optuna can draw from, contributes ``a``).
 
     Returns:
         ``(fixed, combos)``: each combo lists one ``key=value`` per swept key, in the order given.
     """
+    from hydra.core.override_parser.types import ValueType
+
     from rlft.config import check_overrides
 
     fixed, swept = [], []
     for text, ov in zip(overrides, check_overrides(overrides)):
-        if ov.is_sweep_override():
+        if ov.value_type == ValueType.INTERVAL_SWEEP:  # a sweeper draws from it: its lower end stands for it
+            swept.append([f"{ov.get_key_element()}={ov.value().start}"])
+        elif ov.is_sweep_override():
             swept.append([f"{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()])
         else:
             fixed.append(text)
     return fixed, [list(c) for c in itertools.product(*swept)] if swept else [[]]
 
 
-def _sweep_dir(fixed: list[str]) -> tuple[Path, list[str]]:
-    from rlft.config import check_overrides
+class SweepSummary(Callback):
+    """Hydra callback (conf/config.yaml, ``hydra.callbacks``): at the end of a multirun, whatever
+    launcher or sweeper ran the jobs, print the summary table and write ``summary.csv`` and
+    ``summary.png`` in the sweep directory."""
 
-    dirs = [(text, ov.value()) for text, ov in zip(fixed, check_overrides(fixed))
-            if ov.key_or_group in ("hydra.sweep.dir", "hydra.run.dir")]  # the parsed value: quotes removed
-    rest = [o for o in fixed if o not in {text for text, _ in dirs}]
-    if dirs:
-        return user_path(dirs[0][1]), rest
-    return Path("multirun") / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S"), rest
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        from rich.console import Console
+
+        from rlft.app import _State
+
+        root = user_path(str(config.hydra.sweep.dir))
+        jobs = find_jobs(root)
+        if not jobs:
+            return
+        console = Console()
+        _print_table(summarize(jobs, root), console)
+        console.print(f"summary: {root / 'summary.csv'}  plot: {root / 'summary.png'}")
+        _State.failed_jobs = sum(j.status != "ok" for j in jobs)
 
 
-def run_sweep(overrides: list[str], console: Any) -> int:
-    """Run each job in turn; one failing does not stop the others. Returns 0 when all succeeded."""
-    fixed, combos = expand(overrides)
-    root, fixed = _sweep_dir(fixed)
-    jobs = [Job(",".join(c) or "job", c, root / (",".join(c).replace("/", "_") or "job")) for c in combos]
-    root.mkdir(parents=True, exist_ok=True)
-    console.print(f"sweep of {len(jobs)} jobs in {root}")
-    for i, job in enumerate(jobs, 1):
-        console.rule(f"job {i}/{len(jobs)}: {job.name}")
-        t0 = time.perf_counter()
-        args = [sys.executable, "-m", "rlft.cli", "train", *fixed, *job.overrides, f"hydra.run.dir='{job.run_dir}'"]
-        code = subprocess.call(args)
-        job.seconds = time.perf_counter() - t0
-        job.status = "ok" if code == 0 else f"failed (exit {code})"
-    rows = summarize(jobs, root)
-    _print_table(rows, console)
-    console.print(f"summary: {root / 'summary.csv'}  plot: {root / 'summary.png'}")
-    return 0 if all(j.status == "ok" for j in jobs) else 1
+def find_jobs(root: Path) -> list[Job]:
+    """The jobs of a finished sweep: each subdirectory Hydra set up (``.hydra/``), in job order,
+    named by the overrides that differ between jobs, with the status its ``job.json`` records
+    (a job that died without writing one is "failed (no status)")."""
+    import yaml
+
+    from rlft.app import JOB_STATUS
+
+    dirs = [d for d in root.iterdir() if (d / ".hydra" / "overrides.yaml").is_file()] if root.is_dir() else []
+    dirs.sort(key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
+    overrides = [yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or [] for d in dirs]
+    common = set.intersection(*(set(o) for o in overrides)) if overrides else set()
+    jobs = []
+    for d, ovs in zip(dirs, overrides):
+        status_file = d / JOB_STATUS
+        state = json.loads(status_file.read_text()) if status_file.is_file() else {}
+        status = state.get("status", "failed (no status)")
+        if status not in ("ok", "failed (no status)"):
+            status = f"{status} (exit {state.get('exit_code')})"
+        own = [o for o in ovs if o not in common]
+        jobs.append(Job(",".join(own) or d.name, own, d, status, float(state.get("seconds", 0.0))))
+    return jobs
 
 
 def summarize(jobs: list[Job], root: Path) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ class Tracker:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.log = logging.getLogger("rlft")
         self.log.setLevel(logging.INFO)
+        self.log.propagate = False  # train.log and our console are the run's log, whatever Hydra set up
         self._file_handler = logging.FileHandler(run_dir / "train.log")
         self._file_handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         self.log.addHandler(self._file_handler)

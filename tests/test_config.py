@@ -95,7 +95,7 @@ def test_cli_cfg_prints_resolved_config(tmp_path):
     ],
 )
 def test_options_that_would_do_nothing_are_refused(overrides, expected):
-    from rlft.rollout.vllm import vllm_available
+    from rlft.config.validation import vllm_available
 
     if "sampler=vllm" in overrides and not vllm_available():
         pytest.skip("vLLM is not installed")

@@ -132,9 +132,10 @@ def test_home_paths_expand_and_export_refuses_a_file(tiny_dir, tmp_path, monkeyp
     assert (tmp_path / "merged" / "config.json").is_file()
 
 
-def test_sweep_dir_expands_home(tmp_path, monkeypatch):
-    from rlft.cli import quote_home
-    from rlft.sweep import _sweep_dir
+def test_run_and_sweep_dirs_expand_home(tmp_path, monkeypatch):
+    from rlft.app import _expand_home
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert _sweep_dir(quote_home(["seed=1", "hydra.sweep.dir=~/s"])) == (tmp_path / "s", ["seed=1"])
+    assert _expand_home("hydra.sweep.dir=~/s") == f"hydra.sweep.dir='{tmp_path / 's'}'"
+    assert _expand_home("hydra.run.dir='~/r x'") == f"hydra.run.dir='{tmp_path / 'r x'}'"
+    assert _expand_home("data.path=~/d") == "data.path=~/d"  # user paths in the config expand where they are read

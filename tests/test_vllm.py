@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlft.rollout.vllm import vllm_available
+from rlft.config.validation import vllm_available
 from tests.conftest import ROOT, TINY, run_cli
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")

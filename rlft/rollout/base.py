@@ -75,15 +75,6 @@ def sync_sampler(sampler: Any, policy: Any) -> None:
         sampler.load_weights(policy.sampler_weights())
 
 
-def resolve_name(name: str) -> str:
-    """``auto`` becomes vllm when it is installed, else hf."""
-    if name != "auto":
-        return name
-    from rlft.rollout.vllm import vllm_available
-
-    return "vllm" if vllm_available() else "hf"
-
-
 def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: int, device: Any = "cpu") -> Sampler:
     """The backend named by ``cfg.name`` (SamplerConfig).
 
@@ -96,7 +87,9 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
         seed: Sampling seed.
         device: The learner's device, where the hf sampler runs too (vLLM picks its own).
     """
-    name = resolve_name(cfg.name)
+    from rlft.config.validation import resolve_sampler_name
+
+    name = resolve_sampler_name(cfg.name)
     stop = stop_token_ids(model.generation_config, tokenizer)
     if name == "hf":
         from rlft.rollout.hf import HFSampler

@@ -11,27 +11,7 @@ from torch import Tensor
 
 from rlft.rollout.base import Generations, SamplingParams, scratch_dir
 
-# vLLM linear layers that fuse several Hugging Face projections: reloading one needs all its parts.
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
-
-
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
-def check_fused_targets(target_modules: list[str]) -> str | None:
-    """Why LoRA targets cannot be synced into vLLM layer by layer (None when they can)."""
-    for group in FUSED_GROUPS:
-        present = [m for m in group if m in target_modules]
-        if present and len(present) != len(group):
-            return (
-                f"model.lora.target_modules has {present} but not all of {list(group)}: vLLM fuses them into "
-                f"one layer, so target all of them (or none) with sampler=vllm"
-            )
-    return None
 
 
 class VLLMSampler:

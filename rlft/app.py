@@ -1,0 +1,176 @@
+"""`rlft train` as a Hydra application: ``hydra.main`` runs every job, so Hydra's own flags
+(``-m``, ``--cfg job``, ``--info``, ``--shell-completion``), launchers and sweepers work unchanged.
+
+Before Hydra sees the command line, the overrides are checked (and each job of a plain sweep
+composed), so a typo, a bad value or an unknown group option is one line naming the key and
+the valid choices, exit 2. Errors that only the run itself finds (a cross-field check, a data
+file, a reward that raises) end a single run with one line; inside a sweep they fail that job
+only, which is recorded in its ``job.json`` and in the sweep summary, and the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Hydra flags that take the next argument as their value.
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                "--config-dir", "-cd", "--shell-completion", "-sc", "--experimental-rerun"}
+_CFG_CHOICES = ("job", "hydra", "all")
+JOB_STATUS = "job.json"
+"""Written in each job's directory when it ends: status, exit code, error line, overrides, seconds."""
+
+
+class _State:
+    """What the last ``hydra.main`` call left for the caller (the launching process only)."""
+
+    failed_jobs: int = 0
+
+
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """``(overrides, hydra_flags)``. A bare ``--cfg`` (rlft's older flag) means ``--cfg job``."""
+    overrides, flags, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        if a in _VALUE_FLAGS:
+            value = args[i + 1] if i + 1 < len(args) else None
+            if a in ("--cfg", "-c") and value not in _CFG_CHOICES:
+                flags += [a, "job"]
+                i += 1
+                continue
+            flags += [a] + ([value] if value is not None else [])
+            i += 2
+            continue
+        (flags if a.startswith("-") else overrides).append(a)
+        i += 1
+    return overrides, flags
+
+
+def _expand_home(override: str) -> str:
+    """``hydra.run.dir=~/x`` as an absolute path: Hydra would make a directory named '~'."""
+    key, sep, value = override.partition("=")
+    if sep and key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and value.strip("'\"").startswith("~"):
+        from rlft.paths import user_path
+
+        return f"{key}='{user_path(value.strip(chr(39) + chr(34)))}'"
+    return override
+
+
+def precheck(overrides: list[str], multirun: bool) -> None:
+    """Compose what will run before any job starts: every job of a plain sweep (a few hundred ms
+    each), the first choice of each swept key under another sweeper (Optuna's ranges are drawn later).
+
+    Raises:
+        ConfigError: naming the job when one of a sweep's combinations is wrong.
+    """
+    from rlft.config import ConfigError, check_overrides, compose
+    from rlft.sweep import expand
+
+    parsed = check_overrides(overrides)
+    if not multirun:
+        compose(overrides)
+        return
+    custom_sweeper = any(ov.key_or_group == "hydra/sweeper" for ov in parsed)
+    fixed, combos = expand([o for o in overrides if not o.startswith("hydra.sweeper.")])
+    for combo in combos[:1] if custom_sweeper else combos:
+        try:
+            compose(fixed + combo)
+        except ConfigError as e:
+            raise ConfigError(f"job {','.join(combo) or 'job'}: {e}") from None
+
+
+def run(args: list[str]) -> int:
+    """Run ``rlft train ARGS`` through Hydra; returns the exit code."""
+    from rlft.cli import fail, quote_home
+    from rlft.config import ConfigError
+
+    overrides, flags = split_args(args)
+    overrides = [_expand_home(o) for o in quote_home(overrides)]
+    multirun = "-m" in flags or "--multirun" in flags
+    hydra_only = {"--info", "-i", "--hydra-help", "--shell-completion", "-sc", "--version"} & set(flags)
+    try:
+        if not hydra_only:
+            precheck(overrides, multirun)
+    except ConfigError as e:
+        return fail(str(e))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _State.failed_jobs = 0
+    saved_argv = sys.argv
+    sys.argv = ["rlft train", *flags, *overrides]
+    try:
+        _hydra_main()
+    except SystemExit as e:  # a single run's one-line error, or Hydra's own exit
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved_argv
+    return 1 if _State.failed_jobs else 0
+
+
+def _hydra_main() -> None:
+    import hydra
+
+    from rlft.config import conf_dir
+    from rlft.config.loading import register_schema
+
+    register_schema()
+    hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(task)()
+
+
+def task(raw: Any) -> float:
+    """One job: train on the composed config in Hydra's output directory.
+
+    Returns:
+        The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
+        such as Optuna to optimise.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from rlft.cli import user_errors
+    from rlft.config.loading import to_config
+    from rlft.rewards import RewardError
+    from rlft.trainer import train
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    in_sweep = hc.mode == RunMode.MULTIRUN
+    status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,
+                              "started": time.time()}
+    t0 = time.perf_counter()
+    try:
+        cfg = to_config(raw)
+        metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
+        accuracy = metrics.get("eval/accuracy")
+        result = float(accuracy) if isinstance(accuracy, (int, float)) else math.nan
+    except (user_errors() + (RewardError,)) as e:
+        code = 1 if isinstance(e, RewardError) and not isinstance(e, user_errors()) else 2
+        status.update(status="failed", exit_code=code, error=str(e))
+        result = math.nan
+    except KeyboardInterrupt:
+        status.update(status="interrupted", exit_code=130)
+        _write_status(run_dir, status, t0)
+        if in_sweep:
+            raise  # Ctrl-C stops the whole sweep
+        print(f"rlft: error: interrupted; continue with: rlft train ... hydra.run.dir={run_dir} trainer.resume=auto",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    _write_status(run_dir, status, t0)
+    if status["status"] != "ok":
+        where = f"job {hc.job.num} ({run_dir}) failed: " if in_sweep else ""
+        print(f"rlft: error: {where}{status['error']}", file=sys.stderr)
+        if not in_sweep:
+            raise SystemExit(status["exit_code"])
+    return result
+
+
+def _write_status(run_dir: Path, status: dict[str, Any], t0: float) -> None:
+    status["seconds"] = round(time.perf_counter() - t0, 1)
+    status["ended"] = time.time()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / JOB_STATUS).write_text(json.dumps(status, indent=1) + "\n")

