@@ -101,7 +101,7 @@ def run(args: list[str]) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _State.failed_jobs = 0
     saved_argv = sys.argv
-    sys.argv = ["rlft train", *flags, *overrides]
+    sys.argv = ["rlft", *flags, *overrides]  # Hydra's completion script registers for argv[0]
     try:
         _hydra_main()
     except SystemExit as e:  # a single run's one-line error, or Hydra's own exit

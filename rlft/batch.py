@@ -96,6 +96,8 @@ class RolloutBatch:
 
     def select(self, rows: Tensor) -> RolloutBatch:
         """The given rows (a host tensor of indices), with padding columns no selected row uses trimmed off."""
+        if rows.dtype == torch.bool or rows.is_floating_point():
+            raise TypeError("RolloutBatch.select takes integer row indices (a mask: mask.nonzero().squeeze(-1))")
         host = self.host.select(rows.tolist())
         t_len = max(1, max(host.resp_len))
         l_len = max(s + n for s, n in zip(host.resp_start, host.resp_len))

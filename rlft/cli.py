@@ -108,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # user reward functions in the working directory import by name
         sys.path.insert(0, os.getcwd())
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["-sc"], ["--shell-completion"]) and any(a.startswith("query=") for a in argv):
+        # Hydra's bash completion asks `rlft -sc query=bash` about COMP_LINE "rlft train ...".
+        line = os.environ.get("COMP_LINE", "")
+        head, sep, rest = line.partition(" train ")
+        if sep:
+            os.environ["COMP_LINE"] = f"{head} {rest}"
+            os.environ["COMP_POINT"] = str(max(0, int(os.environ.get("COMP_POINT", len(line))) - len(" train")))
+        argv = ["train", *argv]
     if argv[:1] == ["train"]:  # Hydra parses the rest: every Hydra flag works as documented
         rest = argv[1:]
         if {"-h", "--help"} & set(rest):

@@ -29,7 +29,8 @@ Config groups (GROUP=OPTION):
 Sections (SECTION.KEY=VALUE): {sections}
   rlft train --help SECTION                   every key of a section with its meaning
 
-Hydra: -m/--multirun, --cfg, --resolve, --info, --hydra-help, -sc install=bash (tab completion),
+Hydra: -m/--multirun, --cfg, --resolve, --info, --hydra-help, tab completion:
+eval "$(rlft train -sc install=bash)",
 hydra/launcher=basic|joblib|submitit_local|submitit_slurm, hydra/sweeper=basic|optuna
 (launchers and Optuna: pip install 'rlft[sweep]'). Exit codes: 0 ok, 1 a run or a sweep job
 failed, 2 a config/data/model/checkpoint error, 130 interrupted.

@@ -13,6 +13,7 @@ from torch import Tensor
 from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, LossNorm, masked_mean
 from rlft.algorithms.losses import clipped_value_loss
 from rlft.batch import RolloutBatch
+from rlft.distributed import SINGLE, DataParallel
 from rlft.models.critic import Critic
 from rlft.models.policy import Policy
 
@@ -280,10 +281,16 @@ def update_policy(
     generator: torch.Generator,
     critic: Critic | None = None,
     penalty_beta: float | None = None,
+    dp: DataParallel = SINGLE,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the batch, ``num_mini_batches`` optimizer steps each.
 
-    A mini-batch with nothing to learn from (see :func:`_nothing_to_learn`) takes no optimizer step.
+    Under data parallelism (``dp``) ``batch`` is this rank's slice of the global rollout (ranks
+    in order); mini-batches are drawn from the global row order, each rank computes its rows'
+    share of the globally normalised loss, and gradients, losses and metrics are summed over
+    ranks, so every rank takes the step one process would take on the whole rollout.
+
+    A mini-batch with nothing to learn from (see :meth:`_RowFacts.nothing_to_learn`) takes no optimizer step.
     With ``early_stop_kl``, the mean approx KL(old || new) of each mini-batch is checked after
     its forward pass and before its optimizer step, as in Spinning Up's PPO: past the threshold
     that step and all later ones of this rollout are dropped. The first step is never dropped
@@ -299,6 +306,7 @@ def update_policy(
         generator: Shuffles rows into mini-batches.
         critic: Trained on the clipped value loss alongside the policy (PPO).
         penalty_beta: Current PPO-Penalty coefficient (for ``policy_loss=kl_penalty``).
+        dp: The ranks (default: one process).
 
     Returns:
         Metrics averaged over micro-batches (weighted by their response tokens), plus
@@ -309,20 +317,26 @@ def update_policy(
     algo = cfg.algo
     if penalty_beta is not None:
         algo = dataclasses.replace(algo, penalty_beta=penalty_beta)
-    rows = _RowFacts.of(batch)  # the update's one read of batch values; the rest stays on the device
+    # The update's one read of batch values (the rest stays on the device), gathered over ranks.
+    rows, offset = _RowFacts.gather(_RowFacts.of(batch), dp)
     acc = _MetricSums()
     losses, norms = [], []
     params = [p for group in optimizer.param_groups for p in group["params"]]
     epochs_run = 0
     for _ in range(algo.ppo_epochs):
         epochs_run += 1
-        order = torch.randperm(batch.size, generator=generator, device="cpu")  # host row indices
+        order = torch.randperm(len(rows.signal), generator=generator, device="cpu")  # global host row indices
         stop = False
         for mini in order.chunk(algo.num_mini_batches):
             if rows.nothing_to_learn(mini.tolist(), algo, critic):
                 continue
             norm = LossNorm(float(len(mini)), rows.tokens(mini.tolist()), float(cfg.sampler.max_new_tokens))
-            loss, kl = _accumulate_gradients(policy, optimizer, batch, mini, norm, cfg, algo, critic, acc)
+            mine = [i - offset for i in mini.tolist() if offset <= i < offset + batch.size]
+            totals = _accumulate_gradients(policy, optimizer, batch, torch.tensor(mine, dtype=torch.long, device="cpu"),
+                                           norm, cfg, algo, critic, acc, params[0].device)
+            dp.sum_gradients(params)
+            loss, kl_sum, kl_tokens = dp.sum_(totals)
+            kl = kl_sum / kl_tokens.clamp(min=1.0)
             # The one decision that needs a value back from the device before the next step.
             if algo.early_stop_kl > 0 and losses and float(kl) > algo.early_stop_kl:
                 stop = True
@@ -335,7 +349,7 @@ def update_policy(
         if stop:
             break
     optimizer.zero_grad(set_to_none=True)  # gradients would otherwise hold device memory through the rollout
-    out = acc.means()
+    out = acc.means(dp)
     out["loss"] = float(torch.stack(losses).mean()) if losses else 0.0
     out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
     out["lr"] = optimizer.param_groups[0]["lr"]
@@ -358,6 +372,13 @@ class _RowFacts:
         signal = (batch.advantages * mask).ne(0).any(1)
         both = torch.stack([mask.sum(1), signal.float()]).tolist()
         return _RowFacts(both[0], [bool(v) for v in both[1]])
+
+    @staticmethod
+    def gather(own: _RowFacts, dp: DataParallel) -> tuple[_RowFacts, int]:
+        """Every rank's rows, in rank order, and where this rank's rows start among them."""
+        parts = dp.all_gather(own)
+        offset = sum(len(p.signal) for p in parts[: dp.rank])
+        return _RowFacts([t for p in parts for t in p.tokens_per_row], [v for p in parts for v in p.signal]), offset
 
     def tokens(self, rows: list[int]) -> float:
         return float(sum(self.tokens_per_row[i] for i in rows))
@@ -391,29 +412,39 @@ class _MetricSums:
                 self.sums[k] = self.sums[k] + v * tokens if k in self.sums else v * tokens
         self.weight = tokens if self.weight is None else self.weight + tokens
 
-    def means(self) -> dict[str, float]:
-        keys = list(self.sums) + list(self.maxes)
-        if not keys or self.weight is None:
+    def means(self, dp: DataParallel = SINGLE) -> dict[str, float]:
+        """Token-weighted means over every rank's micro-batches (a rank that had none adds nothing)."""
+        keys = sorted(self.sums)
+        if dp.active:  # every rank ran the same metrics unless it had no rows at all
+            keys = sorted({k for ks in dp.all_gather(keys) for k in ks})
+        if not keys:
             return {}
-        weight = self.weight.clamp(min=1.0)
-        values = [self.sums[k] / weight for k in self.sums] + list(self.maxes.values())
-        return dict(zip(keys, torch.stack(values).tolist()))
+        zero = torch.zeros((), device=self.weight.device if self.weight is not None else "cpu")
+        sums = dp.sum_(torch.stack([self.sums.get(k, zero) for k in keys] + [self.weight if self.weight is not None
+                                                                             else zero]))
+        out = dict(zip(keys, (sums[:-1] / sums[-1].clamp(min=1.0)).tolist()))
+        if self.maxes:
+            maxes = dp.max_(torch.stack([self.maxes[k] for k in sorted(self.maxes)]))
+            out.update(zip(sorted(self.maxes), maxes.tolist()))
+        return out
 
 
 def _accumulate_gradients(
     policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, mini: Tensor, norm: LossNorm, cfg: Any,
-    algo: Any, critic: Critic | None, acc: _MetricSums,
-) -> tuple[Tensor, Tensor]:
-    """Forward and backward over one mini-batch, micro-batch by micro-batch, into fresh gradients.
+    algo: Any, critic: Critic | None, acc: _MetricSums, device: torch.device,
+) -> Tensor:
+    """Forward and backward over this rank's rows of one mini-batch (possibly none), micro-batch by
+    micro-batch, into fresh gradients.
 
     Nothing is read back from the device here: metrics accumulate as device tensors.
 
     Returns:
-        The mini-batch's loss and its mean approx KL(old || new) over response tokens (0-dim tensors).
+        (3,): the rows' share of the mini-batch loss, their approx KL(old || new) summed over
+        response tokens, and their response tokens.
     """
     optimizer.zero_grad(set_to_none=True)
-    total = kl_sum = kl_tokens = None
-    for rows in by_length(batch, mini, cfg.trainer.micro_batch_size):
+    total = kl_sum = kl_tokens = torch.zeros((), device=device)
+    for rows in by_length(batch, mini, cfg.trainer.micro_batch_size) if len(mini) else ():
         sub = batch.select(rows)
         loss, metrics = _policy_loss(policy, sub, algo, cfg.sampler.temperature, norm)
         loss.backward()
@@ -424,14 +455,10 @@ def _accumulate_gradients(
             metrics.update(v_metrics)
         tokens = sub.response_mask.sum()
         acc.add(metrics, tokens)
-        total = _plus(total, loss.detach())
-        kl_sum = _plus(kl_sum, metrics["approx_kl"] * tokens)
-        kl_tokens = _plus(kl_tokens, tokens)
-    return total, kl_sum / kl_tokens.clamp(min=1.0)
-
-
-def _plus(total: Tensor | None, x: Tensor) -> Tensor:
-    return x if total is None else total + x
+        total = total + loss.detach()
+        kl_sum = kl_sum + metrics["approx_kl"] * tokens
+        kl_tokens = kl_tokens + tokens
+    return torch.stack([total, kl_sum, kl_tokens])
 
 
 def _clip(params: list[Tensor], max_norm: float) -> Tensor:

@@ -66,7 +66,8 @@ KEY_CLASSES: dict[str, tuple[str, str]] = {
         "n", "temperature", "top_p", "top_k", "max_new_tokens"))),
     **_rows(HARMFUL, "the reward", "reward.fns", "reward.weights"),
     **_rows(HARMFUL, "the training problems", *(f"data.{k}" for k in (
-        "name", "digits", "ops", "template", "path", "prompt_field", "answer_field", "system_prompt"))),
+        "name", "digits", "ops", "num_numbers", "template", "path", "prompt_field", "answer_field",
+        "system_prompt"))),
     **_rows(HARMFUL, "the held-out split, carved out of or rejected from the training problems", "data.num_eval"),
     **_rows(HARMFUL, "on data=jsonl, whether the eval rows are carved out of the training file", "data.eval_path"),
     **_rows(HARMFUL, "the optimizer's updates or LR schedule", *(f"optim.{k}" for k in (

@@ -40,3 +40,20 @@ def compose_cfg():
         return cfg
 
     return _compose
+
+
+def pytest_collection_modifyitems(config, items):
+    """tests/gpu: marked ``gpu`` and skipped without CUDA (``make test-gpu``). ``RLFT_GPU_TESTS_DEVICE=cpu``
+    runs them with the CPU standing in for the GPU (their CUDA-only checks skip themselves): a dry run
+    of the test code on a machine without one. (No conftest.py in tests/gpu: a second module named
+    conftest would shadow this one for ``from conftest import ...``.)"""
+    import torch
+
+    gpu_dir = ROOT / "tests" / "gpu"
+    skip = pytest.mark.skip(reason="needs a CUDA device (or RLFT_GPU_TESTS_DEVICE=cpu for a dry run)")
+    no_gpu = os.environ.get("RLFT_GPU_TESTS_DEVICE", "cuda") == "cuda" and not torch.cuda.is_available()
+    for item in items:
+        if Path(str(item.fspath)).resolve().parent == gpu_dir:
+            item.add_marker(pytest.mark.gpu)
+            if no_gpu:
+                item.add_marker(skip)

@@ -97,3 +97,28 @@ def test_chat_template_applied():
     assert text.endswith("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n")
     custom = tok.decode(prompt_ids(tok, "hi", system_prompt="Be brief."))
     assert custom.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+
+
+def test_three_digit_mixed_ops_from_the_command_line():
+    from rlft.config import compose
+
+    cfg, _, _ = compose(["data.ops=[+,-,*]", "data.digits=3", "data.num_eval=100"])
+    assert cfg.data.ops == ["+", "-", "*"] and cfg.data.digits == 3
+    task = build_task(cfg.data, cfg.seed)
+    apply = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+    train = [p for i in range(50) for p in task.batch(i, 8)]
+    seen_ops = set()
+    for p in train + task.eval_problems:
+        a, op, b = p.prompt.removeprefix("What is ").removesuffix("? Reply with just the number.").split()
+        assert 100 <= int(a) <= 999 and 100 <= int(b) <= 999
+        assert p.answer == str(apply[op](int(a), int(b)))  # exact integers, negative when b > a
+        seen_ops.add(op)
+    assert seen_ops == {"+", "-", "*"}  # each problem draws its operator
+    assert len(task.eval_problems) == 100
+    assert not {p.prompt for p in task.eval_problems} & {p.prompt for p in train}
+
+
+@pytest.mark.parametrize("ops, message", [(["/"], "unknown operator '/'"), ([], "data.ops is empty")])
+def test_arithmetic_refuses_bad_ops(ops, message):
+    with pytest.raises(DataError, match=message):
+        build_task(arith(ops=ops), 0)

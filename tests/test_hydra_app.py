@@ -151,3 +151,17 @@ def test_resume_a_multirun_job_through_hydra(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert [m["step"] for m in read_metrics(job / "metrics.jsonl")] == [0, 1, 2, 3]
     assert "resumed from" in (job / "train.log").read_text() and (job / "checkpoints" / "step_000003").is_dir()
+
+
+def test_tab_completion_through_hydra():
+    import os
+    import subprocess
+    import sys
+
+    line = "rlft train algo="
+    env = dict(os.environ, COMP_LINE=line, COMP_POINT=str(len(line)))
+    r = subprocess.run([sys.executable, "-m", "rlft.cli", "-sc", "query=bash"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["algo=dapo", "algo=drgrpo", "algo=grpo", "algo=gspo", "algo=ppo"], r.stderr
+    install = run_cli(["train", "-sc", "install=bash"], ROOT).stdout
+    assert "-F hydra_bash_completion rlft" in install

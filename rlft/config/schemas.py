@@ -224,13 +224,15 @@ class RewardConfig:
 @dataclass
 class DataConfig:
     name: str = "arithmetic"
-    """Task: arithmetic (generated) or jsonl (a local file)."""
+    """Task: arithmetic or countdown (generated), or jsonl (a local file)."""
     digits: int = 2
-    """Arithmetic: digits per operand."""
+    """Arithmetic: digits per operand; countdown: numbers and targets lie in [1, 10**digits - 1]."""
     ops: list[str] = field(default_factory=lambda: ["+"])
-    """Arithmetic: operators to draw from (+, -, *)."""
+    """Operators: arithmetic draws one per problem (+, -, *); countdown builds targets with them (+, -, *, /)."""
+    num_numbers: list[int] = field(default_factory=lambda: [3, 4])
+    """Countdown: how many numbers a problem gives, drawn from this list (each used exactly once)."""
     template: str = "What is {a} {op} {b}? Reply with just the number."
-    """Prompt text; arithmetic fills {a} {op} {b}, jsonl fills {prompt}."""
+    """Prompt text; arithmetic fills {a} {op} {b}, countdown {numbers} {target}, jsonl {prompt}."""
     num_eval: int = 200
     """Held-out problems used for evaluation."""
     path: str | None = None

@@ -65,8 +65,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
-    if cfg.data.name not in ("arithmetic", "jsonl"):
-        raise ConfigError(f"data.name='{cfg.data.name}'; valid choices: arithmetic, jsonl")
+    if cfg.data.name not in ("arithmetic", "countdown", "jsonl"):
+        raise ConfigError(f"data.name='{cfg.data.name}'; valid choices: arithmetic, countdown, jsonl")
+    # Countdown answers are JSON, and math_correct would pay for writing the target alone: with only
+    # built-in rewards, one must be countdown_correct (a user's own function may score it its way).
+    builtins_only = all(":" not in f and "." not in f for f in cfg.reward.fns)
+    if cfg.data.name == "countdown" and builtins_only and "countdown_correct" not in cfg.reward.fns:
+        raise ConfigError(f"data=countdown is scored by the countdown_correct reward, not {list(cfg.reward.fns)}: "
+                          "add reward=countdown (or put countdown_correct in reward.fns)")
     if cfg.data.name == "jsonl" and not cfg.data.path:
         raise ConfigError("data=jsonl needs data.path=FILE")
     if cfg.optim.schedule not in ("constant", "linear", "cosine"):
@@ -101,6 +107,9 @@ def _check_device(device: str, m: ModelConfig) -> None:
         if importlib.util.find_spec("flash_attn") is None:
             raise ConfigError("model.attn_implementation=flash_attention_2 needs the flash-attn package "
                               "(pip install flash-attn, CUDA only); or use sdpa")
+        if m.dtype == "fp32":
+            raise ConfigError("model.attn_implementation=flash_attention_2 needs bf16 compute (flash-attn has no fp32 "
+                              "kernels); set model.dtype=bf16 (or auto), or use sdpa")
         if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
             raise ConfigError("model.attn_implementation=flash_attention_2 runs only on CUDA; this run's learner "
                               "is on the CPU (use eager, sdpa or auto)")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,7 @@ _OPS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.s
 
 def arithmetic_task(cfg: Any, seed: int) -> Task:
     """Problems 'a op b' with operands of ``cfg.digits`` digits; eval problems never appear in training."""
-    for op in cfg.ops:
-        if op not in _OPS:
-            raise DataError(f"data.ops: unknown operator '{op}'; valid: {', '.join(_OPS)}")
+    check_ops(cfg.ops, _OPS)
     if cfg.digits < 1:
         raise DataError(f"data.digits={cfg.digits} must be at least 1")
     lo = 0 if cfg.digits == 1 else 10 ** (cfg.digits - 1)
@@ -55,29 +54,70 @@ def arithmetic_task(cfg: Any, seed: int) -> Task:
     space = (hi - lo) ** 2 * len(cfg.ops)
     num_eval = min(cfg.num_eval, space // 2)
 
-    def draw(rng: np.random.Generator) -> tuple[int, str, int]:
+    def draw(rng: np.random.Generator) -> tuple[tuple[int, str, int], Problem]:
+        # Each problem draws its operator: with ops=[+,-,*] a batch mixes all three.
         a, b = (int(x) for x in rng.integers(lo, hi, size=2))
-        return a, cfg.ops[int(rng.integers(len(cfg.ops)))], b
+        op = cfg.ops[int(rng.integers(len(cfg.ops)))]
+        return (a, op, b), Problem(cfg.template.format(a=a, op=op, b=b), str(_OPS[op](a, b)))
 
-    def make(key: tuple[int, str, int]) -> Problem:
-        a, op, b = key
-        return Problem(cfg.template.format(a=a, op=op, b=b), str(_OPS[op](a, b)))
+    return held_out_task(draw, num_eval, np.random.default_rng(_EVAL_SEED + cfg.digits), seed)
 
-    rng = np.random.default_rng(_EVAL_SEED + cfg.digits)
-    held_out: dict[tuple[int, str, int], None] = {}
-    while len(held_out) < num_eval:
-        held_out[draw(rng)] = None
+
+def check_ops(ops: list[str], valid: Any) -> None:
+    """Raise DataError unless ``ops`` is a non-empty list of operators from ``valid``."""
+    if not ops:
+        raise DataError(f"data.ops is empty; give at least one of {', '.join(valid)}")
+    for op in ops:
+        if op not in valid:
+            raise DataError(f"data.ops: unknown operator '{op}'; valid: {', '.join(valid)}")
+
+
+def held_out_task(
+    draw: Callable[[np.random.Generator], tuple[Hashable, Problem]],
+    num_eval: int,
+    eval_rng: np.random.Generator,
+    seed: int,
+    max_tries: int | None = None,
+) -> Task:
+    """A generated task whose ``num_eval`` held-out problems never appear in training.
+
+    Args:
+        draw: one random problem and its identity key (problems with equal keys are the same problem).
+        eval_rng: draws the held-out problems (a fixed seed: the split does not depend on ``seed``).
+        seed: with the batch index, seeds each training batch, so a resumed run sees the same data.
+        max_tries: draws allowed per wanted problem before giving up (None: no limit; only safe
+            when at most half the problem space is held out, as arithmetic ensures).
+
+    Raises:
+        DataError: ``max_tries`` draws did not give enough distinct (or not held-out) problems.
+    """
+    held_out: dict[Hashable, Problem] = {}
+    for tries in itertools.count(1):
+        if len(held_out) >= num_eval:
+            break
+        _check_tries(tries, max_tries, num_eval, "held-out")
+        key, problem = draw(eval_rng)
+        held_out.setdefault(key, problem)
 
     def train(index: int, size: int) -> list[Problem]:
         rng = np.random.default_rng([seed, index])
-        out = []
-        while len(out) < size:
-            key = draw(rng)
+        out: list[Problem] = []
+        for tries in itertools.count(1):
+            if len(out) >= size:
+                break
+            _check_tries(tries, max_tries, size, "training")
+            key, problem = draw(rng)
             if key not in held_out:
-                out.append(make(key))
+                out.append(problem)
         return out
 
-    return Task(train, [make(k) for k in held_out])
+    return Task(train, list(held_out.values()))
+
+
+def _check_tries(tries: int, max_tries: int | None, wanted: int, what: str) -> None:
+    if max_tries is not None and tries > max_tries * max(wanted, 1):
+        raise DataError(f"could not draw {wanted} {what} problems in {tries - 1} tries: the problem space is too "
+                        "small (raise data.digits or lower data.num_eval)")
 
 
 def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list[Problem]:
@@ -156,4 +196,8 @@ def build_task(cfg: Any, seed: int) -> Task:
         return arithmetic_task(cfg, seed)
     if cfg.name == "jsonl":
         return file_task(cfg, seed)
-    raise DataError(f"data.name='{cfg.name}'; valid choices: arithmetic, jsonl")
+    if cfg.name == "countdown":
+        from rlft.data.countdown import countdown_task  # imported here: it builds on this module
+
+        return countdown_task(cfg, seed)
+    raise DataError(f"data.name='{cfg.name}'; valid choices: arithmetic, countdown, jsonl")

@@ -12,7 +12,11 @@ def resolve_device(requested: str) -> torch.device:
     (config validation has already refused a CUDA device that does not exist)."""
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(requested)
+    device = torch.device(requested)
+    if device.type == "cuda" and device.index is not None:
+        # Calls without a device (empty_cache, mem_get_info, vLLM's engine) act on the current one.
+        torch.cuda.set_device(device)
+    return device
 
 
 def autocast(device: torch.device, compute_dtype: torch.dtype) -> Any:

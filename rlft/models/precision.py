@@ -44,7 +44,7 @@ def choose(requested: str, hidden: int, intermediate: int, device: str = "cpu") 
     if requested != "auto":
         return Precision(requested, f"model.dtype={requested}")
     if device.startswith("cuda"):
-        if torch.cuda.is_bf16_supported():
+        if torch.cuda.is_bf16_supported(including_emulation=False):  # emulated bf16 (pre-Ampere) is slow
             return Precision("bf16", "model.dtype=auto: bf16 on CUDA")
         return Precision("fp32", f"model.dtype=auto: fp32 ({torch.cuda.get_device_name()} has no bf16 support)")
     bf16 = gemm_gflops(torch.bfloat16, TOKENS, hidden, intermediate)

@@ -1,0 +1,73 @@
+"""Data parallelism with real processes: torchrun, gloo on the CPU, the tiny model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+import torch
+from conftest import ROOT, TINY
+from helpers import write_eos_model
+from safetensors.torch import load_file, save_file
+
+from rlft.config import compose
+from rlft.learner import update_policy
+from rlft.run_state import trainable_tensors
+from rlft.trainer import build_components, collect_rollout, prepare_batch
+
+# fp32 so that the only difference between 1 and 2 ranks is the order of float sums.
+BASE = [*TINY, "model.dtype=fp32", "trainer.threads=1", "optim.lr=1e-2", "trainer.num_prompts=4",
+        "reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]
+ALGOS = {
+    "grpo": ["algo=grpo", "algo.beta=0.04"],
+    # token-mean over ranks whose token counts differ, two epochs of two mini-batches
+    "dapo": ["algo=dapo", "algo.overlong_filter=false", "algo.ppo_epochs=2", "algo.num_mini_batches=2"],
+    "ppo": ["algo=ppo", "algo.num_mini_batches=2", "algo.value_clip=0", "algo.critic_lr=1e-2"],
+}
+
+
+def _torchrun(nproc: int, *args: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                        "--standalone", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+@pytest.mark.slow  # three torchrun launches, ~15 s each
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_two_rank_update_equals_one_rank_update(algo, tmp_path):
+    overrides = BASE + ALGOS[algo]
+    if algo == "dapo":  # a model that stops about half the time: the ranks' token counts differ
+        write_eos_model(tmp_path / "model")
+        overrides += ["model=local", f"model.path={tmp_path / 'model'}", "model.dtype=fp32"]
+    cfg, _, _ = compose(overrides)
+    c = build_components(cfg)
+    c.policy.model.eval()
+    batch = collect_rollout(c, cfg).batch
+    prepare_batch(c, batch, cfg)
+    saved = {f.name: getattr(batch, f.name) for f in fields(batch) if isinstance(getattr(batch, f.name), torch.Tensor)}
+    save_file({k: v.clone().contiguous() for k, v in saved.items()}, str(tmp_path / "batch.safetensors"))
+    c.policy.model.train()
+    one = update_policy(c.policy, c.optimizer, c.scheduler, batch, cfg, c.shuffle, c.critic, c.state.penalty_beta)
+    want = {k: v.detach().float() for k, v in trainable_tensors(c).items()}
+
+    _torchrun(2, "tests/dist/update_worker.py", str(tmp_path / "batch.safetensors"), str(tmp_path / "two.safetensors"),
+              *overrides)
+    got = load_file(str(tmp_path / "two.safetensors"))
+    tokens = batch.response_mask.sum(1)
+    halves = tokens.tensor_split(2)
+    if algo == "dapo":
+        assert halves[0].sum() != halves[1].sum(), "the ranks must hold different token counts"
+    # Relative to each tensor's norm: AdamW divides by sqrt(v) + eps, so an element whose gradient is
+    # near 0 turns a rounding difference of the sum into a larger relative difference of that element.
+    moved = 0
+    for k, w in want.items():
+        rel = float((got[k] - w).norm() / w.norm().clamp(min=1e-12))
+        assert rel <= 1e-5, f"{k}: |two - one| / |one| = {rel:.2e}"
+        moved += int(w.abs().max() > 0)
+    assert moved > 0
+    assert abs(float(got["metric/loss"]) - one["loss"]) <= 1e-5 * max(1.0, abs(one["loss"]))
+    assert abs(float(got["metric/grad_norm"]) - one["grad_norm"]) <= 1e-5 * one["grad_norm"]
