@@ -89,6 +89,9 @@ def run(args: list[str]) -> int:
     from rlft.cli import fail, quote_home
     from rlft.config import ConfigError
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would run the whole job into the same directory
+        return fail("rlft train under torchrun (WORLD_SIZE>1) is not supported yet: the data-parallel learner exists "
+                    "(rlft.distributed) but rollouts, logging and checkpoints are not split across ranks; run one process")
     overrides, flags = split_args(args)
     overrides = [_expand_home(o) for o in quote_home(overrides)]
     multirun = "-m" in flags or "--multirun" in flags

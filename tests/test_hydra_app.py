@@ -165,3 +165,14 @@ def test_tab_completion_through_hydra():
     assert r.stdout.split() == ["algo=dapo", "algo=drgrpo", "algo=grpo", "algo=gspo", "algo=ppo"], r.stderr
     install = run_cli(["train", "-sc", "install=bash"], ROOT).stdout
     assert "-F hydra_bash_completion rlft" in install
+
+
+def test_torchrun_ranks_are_refused_until_rollouts_are_split(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, WORLD_SIZE="2", RANK="0")
+    r = subprocess.run([sys.executable, "-m", "rlft.cli", "train", *TINY, f"hydra.run.dir={tmp_path}/run"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert "WORLD_SIZE>1" in _one_line(r) and not (tmp_path / "run").exists()
