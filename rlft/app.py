@@ -109,6 +109,9 @@ def run(args: list[str]) -> int:
         _hydra_main()
     except SystemExit as e:  # a single run's one-line error, or Hydra's own exit
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:  # Ctrl-C in a sweep: the running job saved its step; later jobs never started
+        return fail("sweep interrupted; resume a job with: rlft train <its overrides> hydra.run.dir=SWEEP_DIR/N "
+                    "trainer.resume=auto", 130)
     finally:
         sys.argv = saved_argv
     return 1 if _State.failed_jobs else 0
