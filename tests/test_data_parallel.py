@@ -54,7 +54,7 @@ def test_two_rank_update_equals_one_rank_update(algo, tmp_path):
     one = update_policy(c.policy, c.optimizer, c.scheduler, batch, cfg, c.shuffle, c.critic, c.state.penalty_beta)
     want = {k: v.detach().float() for k, v in trainable_tensors(c).items()}
 
-    _torchrun(2, "tests/dist/update_worker.py", str(tmp_path / "batch.safetensors"), str(tmp_path / "two.safetensors"),
+    _torchrun(2, "tests/workers/update_worker.py", str(tmp_path / "batch.safetensors"), str(tmp_path / "two.safetensors"),
               *overrides)
     got = load_file(str(tmp_path / "two.safetensors"))
     tokens = batch.response_mask.sum(1)

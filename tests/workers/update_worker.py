@@ -1,0 +1,51 @@
+"""One rank of a data-parallel update (started by torchrun from tests/test_data_parallel.py).
+
+Builds the components of the config given on the command line (the same seed on every rank:
+the same initial weights), takes this rank's groups of a saved, prepared rollout batch, runs one
+``update_policy`` over the ranks, and on rank 0 writes the trained tensors.
+
+    torchrun --nproc-per-node N tests/workers/update_worker.py BATCH_FILE OUT_FILE OVERRIDE...
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlft.batch import RolloutBatch
+from rlft.config import compose
+from rlft.distributed import from_environment
+from rlft.learner import update_policy
+from rlft.run_state import trainable_tensors
+from rlft.trainer import build_components
+
+
+def rank_rows(group_ids: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """This rank's rows: a contiguous share of the groups (a group never spans ranks)."""
+    groups = torch.unique(group_ids)
+    mine = groups.tensor_split(world)[rank]
+    return torch.isin(group_ids, mine).nonzero().squeeze(-1)
+
+
+def main() -> None:
+    batch_file, out_file, *overrides = sys.argv[1:]
+    cfg, _, _ = compose(overrides)
+    c = build_components(cfg)
+    dp = from_environment(c.device)
+    batch = RolloutBatch(**load_file(batch_file))
+    batch = batch.select(rank_rows(batch.group_ids, dp.rank, dp.world))
+    c.policy.model.train()
+    metrics = update_policy(c.policy, c.optimizer, c.scheduler, batch, cfg, c.shuffle, c.critic,
+                            c.state.penalty_beta, dp)
+    if dp.main:
+        tensors = {k: v.detach().float().contiguous() for k, v in trainable_tensors(c).items()}
+        tensors["metric/loss"] = torch.tensor(metrics["loss"])
+        tensors["metric/grad_norm"] = torch.tensor(metrics["grad_norm"])
+        save_file(tensors, out_file)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
