@@ -6,6 +6,25 @@ def char_count(prompt: str, completion: str, answer: str, **info) -> float:
     return len(completion) / 10.0
 
 
+def char_count_batched(prompts, completions, answer, **kwargs) -> list[float]:
+    """char_count in TRL's batched signature (checks the columns arrive as per-completion lists)."""
+    assert len(prompts) == len(completions) == len(answer) == len(kwargs["num_tokens"]) == len(kwargs["truncated"])
+    return [len(c) / 10.0 for c in completions]
+
+
+def trl_style_length_penalty(completions, **kwargs) -> list[float]:
+    """A TRL reward as users write them: only ``completions`` named, the rest in kwargs."""
+    return [-0.01 * n for n in kwargs["num_tokens"]]
+
+
+def batched_wrong_length(prompts, completions, **kwargs) -> list[float]:
+    return [0.0]
+
+
+def batched_none(prompts, completions, **kwargs) -> list:
+    return [None] * len(completions)
+
+
 _calls = 0
 
 

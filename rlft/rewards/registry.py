@@ -5,12 +5,20 @@ A reward function scores one completion::
     def score(prompt: str, completion: str, answer: str, **info) -> float
 
 ``info`` holds ``num_tokens`` (completion length), ``truncated`` (no EOS within the
-budget) and ``max_new_tokens``. Several functions combine as a weighted sum.
+budget) and ``max_new_tokens``. Or, TRL's batched signature, all completions of a rollout at once::
+
+    def score(prompts: list[str], completions: list[str], **columns) -> list[float]
+
+with ``columns`` holding ``answer``, ``num_tokens`` and ``truncated`` as lists (one entry per
+completion) and ``max_new_tokens``. A function is batched exactly when its signature has a
+parameter named ``completions`` (the keyword TRL passes); nothing is inferred from arity or
+return values. Several functions combine as a weighted sum.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,20 +97,59 @@ def score_samples(
     fns = [resolve_reward(n) for n in names]
     per_fn: dict[str, list[float]] = {}
     for name, fn in zip(names, fns):
-        per_fn[name] = [_call(name, fn, i, s, max_new_tokens) for i, s in enumerate(samples)]
+        if is_batched(fn):
+            per_fn[name] = _call_batched(name, fn, samples, max_new_tokens)
+        else:
+            per_fn[name] = [_call(name, fn, i, s, max_new_tokens) for i, s in enumerate(samples)]
     totals = [sum(w * per_fn[n][i] for n, w in zip(names, weights)) for i in range(len(samples))]
     return totals, per_fn
 
 
+def is_batched(fn: RewardFn) -> bool:
+    """TRL's batched signature: a parameter named ``completions``."""
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: the per-sample call
+        return False
+
+
+def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int) -> list[float]:
+    try:
+        values: Any = fn(
+            prompts=[s.prompt for s in samples], completions=[s.completion for s in samples],
+            answer=[s.answer for s in samples], num_tokens=[s.num_tokens for s in samples],
+            truncated=[s.truncated for s in samples], max_new_tokens=max_new_tokens,
+        )
+    except Exception as e:  # noqa: BLE001  (any user error becomes one clear line)
+        raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e} on a batch of "
+                          f"{len(samples)} completions (first: {_short(samples[0].completion)})") from None
+    if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != len(samples):
+        got = f"{len(values)} values" if isinstance(values, Sequence) else repr(values)[:60]
+        raise RewardError(f"reward function '{name}' (batched) returned {got} for {len(samples)} completions; "
+                          "return one number per completion")
+    return [_number(name, v, i, s) for i, (v, s) in enumerate(zip(values, samples))]
+
+
 def _call(name: str, fn: RewardFn, index: int, s: Sample, max_new_tokens: int) -> float:
-    where = f"sample {index} (prompt={_short(s.prompt)}, completion={_short(s.completion)})"
     try:
         value: Any = fn(
             s.prompt, s.completion, s.answer,
             num_tokens=s.num_tokens, truncated=s.truncated, max_new_tokens=max_new_tokens,
         )
     except Exception as e:  # noqa: BLE001  (any user error becomes one clear line)
-        raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e} on {where}") from None
+        raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e} on {_where(index, s)}") from None
+    return _number(name, value, index, s)
+
+
+def _where(index: int, s: Sample) -> str:
+    return f"sample {index} (prompt={_short(s.prompt)}, completion={_short(s.completion)})"
+
+
+def _number(name: str, value: Any, index: int, s: Sample) -> float:
+    where = _where(index, s)
+    if value is None:  # TRL's "no score": excluding a sample from its group's statistics is not supported yet
+        raise RewardError(f"reward function '{name}' returned None on {where}; rlft needs a score for every "
+                          "completion (unscored samples are not supported yet)")
     try:
         value = float(value)
     except (TypeError, ValueError):

@@ -1,0 +1,49 @@
+"""TRL-style batched reward functions beside per-sample ones."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT, TINY, run_cli
+
+from rlft.rewards import RewardError, score_samples
+from rlft.rewards.registry import Sample, is_batched
+from rlft.tracking import read_metrics
+from tests import helpers
+
+SAMPLES = [Sample(f"p{i}", "x" * (3 * i + 1), str(i), 3 * i + 1, i % 2 == 0) for i in range(7)]
+
+
+def test_signature_decides_batched():
+    assert is_batched(helpers.char_count_batched) and is_batched(helpers.trl_style_length_penalty)
+    assert not is_batched(helpers.char_count) and not is_batched(helpers.answer_is_even)
+
+
+def test_batched_and_per_sample_give_the_same_scores():
+    per, by_fn = score_samples(["tests.helpers:char_count"], [1.0], SAMPLES, 32)
+    bat, by_fn_b = score_samples(["tests.helpers:char_count_batched"], [1.0], SAMPLES, 32)
+    assert per == bat == [len(s.completion) / 10.0 for s in SAMPLES]
+    mixed, parts = score_samples(["tests.helpers:char_count_batched", "tests.helpers:trl_style_length_penalty"],
+                                 [1.0, 2.0], SAMPLES, 32)
+    assert mixed == pytest.approx([len(s.completion) / 10.0 - 0.02 * s.num_tokens for s in SAMPLES])
+    assert parts["tests.helpers:trl_style_length_penalty"] == pytest.approx([-0.01 * s.num_tokens for s in SAMPLES])
+
+
+@pytest.mark.parametrize("name, message", [
+    ("batched_wrong_length", "returned 1 values for 7 completions"),
+    ("batched_none", "returned None on sample 0"),
+])
+def test_bad_batched_returns_are_one_clear_error(name, message):
+    with pytest.raises(RewardError, match=message):
+        score_samples([f"tests.helpers:{name}"], [1.0], SAMPLES, 32)
+
+
+def test_training_with_a_batched_reward_equals_the_per_sample_one(tmp_path):
+    runs = {}
+    for fn in ("char_count", "char_count_batched"):
+        r = run_cli(["train", *TINY, f"reward.fns=[tests.helpers:{fn}]", "reward.weights=[1]", "optim.lr=1e-2",
+                     f"hydra.run.dir={tmp_path / fn}"], ROOT)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[fn] = [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/", "reward/tests"))}
+                    for m in read_metrics(tmp_path / fn / "metrics.jsonl")]
+    assert runs["char_count"] == runs["char_count_batched"]
+    assert any(m.get("reward/mean", 0) > 0 for m in runs["char_count"])
