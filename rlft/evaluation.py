@@ -10,6 +10,7 @@ from typing import Any
 from rlft.data.chat import prompt_ids
 from rlft.data.tasks import DataError, Problem
 from rlft.rewards import score_samples
+from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
 from rlft.rollout import Sampler, SamplingParams
 
@@ -28,7 +29,7 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
         Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut)
         for i, t, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
     ]
-    _, per_fn = score_samples(cfg.reward.fns[:1], [1.0], samples, cfg.sampler.max_new_tokens)
+    _, per_fn = score_samples(cfg.reward.fns[:1], [1.0], samples, cfg.sampler.max_new_tokens, call_policy(cfg.reward))
     out: list[list[bool]] = [[] for _ in problems]
     for i, s in zip(gens.prompt_index, per_fn[cfg.reward.fns[0]]):
         out[i].append(s > 0.5)

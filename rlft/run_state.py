@@ -65,6 +65,8 @@ KEY_CLASSES: dict[str, tuple[str, str]] = {
     **_rows(HARMFUL, "the sampling distribution or batch", *(f"sampler.{k}" for k in (
         "n", "temperature", "top_p", "top_k", "max_new_tokens"))),
     **_rows(HARMFUL, "the reward", "reward.fns", "reward.weights"),
+    **_rows(HARMLESS, "where reward calls run, not what they return", "reward.num_workers"),
+    **_rows(HARMFUL, "which calls score reward.on_timeout, and that score", "reward.timeout_s", "reward.on_timeout"),
     **_rows(HARMFUL, "the training problems", *(f"data.{k}" for k in (
         "name", "digits", "ops", "num_numbers", "template", "path", "prompt_field", "answer_field",
         "system_prompt"))),

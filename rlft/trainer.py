@@ -31,6 +31,7 @@ from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
 from rlft.plots import plot_run
 from rlft.rewards import resolve_reward, score_samples
+from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
 from rlft.rollout import Generations, Sampler, SamplingParams, build_sampler, sync_sampler
 from rlft.tracking import Tracker, keep_metrics_through
@@ -135,7 +136,8 @@ def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg
         Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut)
         for i, text, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
     ]
-    totals, per_fn = score_samples(cfg.reward.fns, cfg.reward.weights, samples, cfg.sampler.max_new_tokens)
+    totals, per_fn = score_samples(cfg.reward.fns, cfg.reward.weights, samples, cfg.sampler.max_new_tokens,
+                                   call_policy(cfg.reward))
     task_scores = torch.tensor(totals, dtype=torch.float32)
     scores = task_scores
     a = cfg.algo

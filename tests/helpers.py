@@ -74,3 +74,20 @@ def write_eos_model(path, eos_logit: float = 12.0) -> None:
 def raise_always(prompt: str, completion: str, answer: str, **info) -> float:
     """A reward function with a bug: every call raises."""
     raise ValueError("a bug in the user's reward")
+
+
+def sleeps_on_first(prompt: str, completion: str, answer: str, **info) -> float:
+    """Hangs (sleeps 60 s) on samples whose answer is "0" (set by the tests); fast on the others."""
+    import time
+
+    if answer == "0":
+        time.sleep(60)
+    return 1.0
+
+
+def hangs(prompt: str, completion: str, answer: str, **info) -> float:
+    """A reward that never returns in time."""
+    import time
+
+    time.sleep(60)
+    return 0.0

@@ -47,3 +47,52 @@ def test_training_with_a_batched_reward_equals_the_per_sample_one(tmp_path):
                     for m in read_metrics(tmp_path / fn / "metrics.jsonl")]
     assert runs["char_count"] == runs["char_count_batched"]
     assert any(m.get("reward/mean", 0) > 0 for m in runs["char_count"])
+
+
+def _hang_samples():
+    return [Sample(f"p{i}", "c", str(i), 1, False) for i in range(4)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_hanging_reward_is_one_error_within_twice_the_timeout(workers):
+    import time
+
+    from rlft.rewards.calls import CallPolicy
+
+    t0 = time.perf_counter()
+    with pytest.raises(RewardError, match=r"did not return within reward.timeout_s=1 s on sample 0 \(prompt='p0'"):
+        score_samples(["tests.helpers:sleeps_on_first"], [1.0], _hang_samples(), 8, CallPolicy(workers, 1.0))
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_a_hanging_reward_scores_on_timeout_and_the_rest_are_scored():
+    import time
+
+    from rlft.rewards.calls import CallPolicy
+
+    t0 = time.perf_counter()
+    totals, _ = score_samples(["tests.helpers:sleeps_on_first"], [1.0], _hang_samples(), 8, CallPolicy(2, 1.0, -0.5))
+    assert totals == [-0.5, 1.0, 1.0, 1.0] and time.perf_counter() - t0 < 3.0
+
+
+def test_pool_gives_the_same_scores_and_errors_as_in_process():
+    from rlft.rewards.calls import CallPolicy
+
+    pooled, _ = score_samples(["tests.helpers:char_count", "tests.helpers:char_count_batched"], [1.0, 1.0], SAMPLES,
+                              32, CallPolicy(num_workers=2))
+    assert pooled == [2 * len(s.completion) / 10.0 for s in SAMPLES]
+    with pytest.raises(RewardError, match="raised ValueError: a bug in the user's reward on sample 0"):
+        score_samples(["tests.helpers:raise_always"], [1.0], SAMPLES, 32, CallPolicy(num_workers=2))
+
+
+def test_cli_hanging_reward_ends_the_run_in_one_line(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    r = run_cli(["train", *TINY, "reward.fns=[math_correct,tests.helpers:hangs]", "reward.weights=[1,1]",
+                 "reward.timeout_s=1", "data.num_eval=0", f"hydra.run.dir={tmp_path}"], ROOT)
+    assert time.perf_counter() - t0 < 30  # start-up, then the 1 s limit: not the 60 s the reward sleeps
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and "did not return within reward.timeout_s=1 s" in lines[0], r.stderr
+    bad = run_cli(["train", *TINY, "reward.on_timeout=0", f"hydra.run.dir={tmp_path}/x"], ROOT)
+    assert bad.returncode == 2 and "reward.on_timeout=0.0 scores calls that pass reward.timeout_s" in bad.stderr

@@ -219,6 +219,14 @@ class RewardConfig:
     """Built-in reward names or dotted paths 'pkg.module:function'."""
     weights: list[float] = field(default_factory=lambda: [1.0])
     """One weight per function; the reward is the weighted sum."""
+    num_workers: int = 0
+    """Score in this many worker processes (0: in the training process, unless timeout_s needs one)."""
+    timeout_s: float = 0.0
+    """Time limit of one reward call (a batched function: of the whole batch), in seconds; calls then
+    run in worker processes that can be stopped (0: no limit)."""
+    on_timeout: float | None = None
+    """Score of a call that ran past timeout_s (None: end the run with one line naming the function
+    and the sample)."""
 
 
 @dataclass

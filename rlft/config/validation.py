@@ -51,6 +51,12 @@ def validate(cfg: Config) -> None:
     if a.beta < 0:
         raise ConfigError(f"algo.beta={a.beta} must be >= 0")
     _check_single_pass(a)
+    r = cfg.reward
+    if r.num_workers < 0 or r.timeout_s < 0:
+        raise ConfigError(f"reward.num_workers={r.num_workers} and reward.timeout_s={r.timeout_s} must be >= 0")
+    if r.on_timeout is not None and r.timeout_s <= 0:
+        raise ConfigError(f"reward.on_timeout={r.on_timeout} scores calls that pass reward.timeout_s, which is 0 "
+                          "(no limit): set reward.timeout_s=SECONDS, or drop reward.on_timeout")
     if len(cfg.reward.fns) == 0:
         raise ConfigError("reward.fns is empty: name at least one reward function")
     if len(cfg.reward.weights) != len(cfg.reward.fns):

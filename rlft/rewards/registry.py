@@ -26,6 +26,7 @@ from typing import Any
 
 from rlft.config import ConfigError
 from rlft.registry import Registry
+from rlft.rewards.calls import IN_PROCESS, CallFailed, CallPolicy, CallTimeout, run_calls
 
 RewardFn = Callable[..., float]
 REWARDS = Registry("reward function")
@@ -84,23 +85,29 @@ class Sample:
 
 
 def score_samples(
-    names: Sequence[str], weights: Sequence[float], samples: Sequence[Sample], max_new_tokens: int
+    names: Sequence[str], weights: Sequence[float], samples: Sequence[Sample], max_new_tokens: int,
+    policy: CallPolicy = IN_PROCESS,
 ) -> tuple[list[float], dict[str, list[float]]]:
     """Weighted sum of reward functions over samples.
+
+    Args:
+        policy: Where the calls run and their time limit (``reward.num_workers``, ``reward.timeout_s``,
+            ``reward.on_timeout``).
 
     Returns:
         The total reward per sample, and each function's raw scores by name.
 
     Raises:
-        RewardError: a function raised, or returned something that is not a finite number.
+        RewardError: a function raised, ran past the time limit (without ``on_timeout``), or returned
+            something that is not a finite number.
     """
     fns = [resolve_reward(n) for n in names]
     per_fn: dict[str, list[float]] = {}
     for name, fn in zip(names, fns):
         if is_batched(fn):
-            per_fn[name] = _call_batched(name, fn, samples, max_new_tokens)
+            per_fn[name] = _call_batched(name, fn, samples, max_new_tokens, policy)
         else:
-            per_fn[name] = [_call(name, fn, i, s, max_new_tokens) for i, s in enumerate(samples)]
+            per_fn[name] = _call_each(name, fn, samples, max_new_tokens, policy)
     totals = [sum(w * per_fn[n][i] for n, w in zip(names, weights)) for i in range(len(samples))]
     return totals, per_fn
 
@@ -113,16 +120,20 @@ def is_batched(fn: RewardFn) -> bool:
         return False
 
 
-def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int) -> list[float]:
+def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int,
+                  policy: CallPolicy) -> list[float]:
+    kwargs = dict(prompts=[s.prompt for s in samples], completions=[s.completion for s in samples],
+                  answer=[s.answer for s in samples], num_tokens=[s.num_tokens for s in samples],
+                  truncated=[s.truncated for s in samples], max_new_tokens=max_new_tokens)
+    where = f"a batch of {len(samples)} completions (first: {_short(samples[0].completion)})"
     try:
-        values: Any = fn(
-            prompts=[s.prompt for s in samples], completions=[s.completion for s in samples],
-            answer=[s.answer for s in samples], num_tokens=[s.num_tokens for s in samples],
-            truncated=[s.truncated for s in samples], max_new_tokens=max_new_tokens,
-        )
-    except Exception as e:  # noqa: BLE001  (any user error becomes one clear line)
-        raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e} on a batch of "
-                          f"{len(samples)} completions (first: {_short(samples[0].completion)})") from None
+        values: Any = run_calls(fn, [((), kwargs)], policy)[0]
+    except CallFailed as e:
+        raise RewardError(f"reward function '{name}' raised {type(e.error).__name__}: {e.error} on {where}") from None
+    except CallTimeout:
+        raise RewardError(_timeout_message(name, policy, where)) from None
+    if isinstance(values, (int, float)) and values == policy.on_timeout:  # the whole batch timed out
+        values = [values] * len(samples)
     if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != len(samples):
         got = f"{len(values)} values" if isinstance(values, Sequence) else repr(values)[:60]
         raise RewardError(f"reward function '{name}' (batched) returned {got} for {len(samples)} completions; "
@@ -130,15 +141,24 @@ def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_to
     return [_number(name, v, i, s) for i, (v, s) in enumerate(zip(values, samples))]
 
 
-def _call(name: str, fn: RewardFn, index: int, s: Sample, max_new_tokens: int) -> float:
+def _call_each(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int,
+               policy: CallPolicy) -> list[float]:
+    calls = [((s.prompt, s.completion, s.answer),
+              {"num_tokens": s.num_tokens, "truncated": s.truncated, "max_new_tokens": max_new_tokens})
+             for s in samples]
     try:
-        value: Any = fn(
-            s.prompt, s.completion, s.answer,
-            num_tokens=s.num_tokens, truncated=s.truncated, max_new_tokens=max_new_tokens,
-        )
-    except Exception as e:  # noqa: BLE001  (any user error becomes one clear line)
-        raise RewardError(f"reward function '{name}' raised {type(e).__name__}: {e} on {_where(index, s)}") from None
-    return _number(name, value, index, s)
+        values = run_calls(fn, calls, policy)
+    except CallFailed as e:
+        s, err = samples[e.index], e.error
+        raise RewardError(f"reward function '{name}' raised {type(err).__name__}: {err} on {_where(e.index, s)}") from None
+    except CallTimeout as e:
+        raise RewardError(_timeout_message(name, policy, _where(e.index, samples[e.index]))) from None
+    return [_number(name, v, i, s) for i, (v, s) in enumerate(zip(values, samples))]
+
+
+def _timeout_message(name: str, policy: CallPolicy, where: str) -> str:
+    return (f"reward function '{name}' did not return within reward.timeout_s={policy.timeout_s:g} s on {where} "
+            "(set reward.on_timeout=SCORE to score such calls instead)")
 
 
 def _where(index: int, s: Sample) -> str:
