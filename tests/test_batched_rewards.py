@@ -37,6 +37,7 @@ def test_bad_batched_returns_are_one_clear_error(name, message):
         score_samples([f"tests.helpers:{name}"], [1.0], SAMPLES, 32)
 
 
+@pytest.mark.slow  # several CLI runs; kept out of make test's 10 minutes
 def test_training_with_a_batched_reward_equals_the_per_sample_one(tmp_path):
     runs = {}
     for fn in ("char_count", "char_count_batched"):

@@ -130,6 +130,7 @@ def test_flash_attention_on_the_cpu_learner_is_refused(compose_cfg):
         compose_cfg(*TINY, "trainer.device=cpu", "model.attn_implementation=flash_attention_2")
 
 
+@pytest.mark.slow  # several CLI runs; kept out of make test's 10 minutes
 def test_checkpoint_from_a_cuda_run_resumes_on_the_cpu(tmp_path):
     # A CUDA run's checkpoint differs from a CPU one in exactly one place: rng.safetensors also holds
     # the CUDA generator's state (tensor files are always written from host copies). Adding that
