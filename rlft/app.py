@@ -62,7 +62,7 @@ def _expand_home(override: str) -> str:
 
 
 def precheck(overrides: list[str], multirun: bool) -> None:
-    """Compose what will run before any job starts: every job of a plain sweep (a few hundred ms
+    """Compose what will run before any job starts: every job of a plain sweep (one Hydra compose
     each), the first choice of each swept key under another sweeper (Optuna's ranges are drawn later).
 
     Raises:

@@ -8,6 +8,8 @@ import inspect
 import typing
 from functools import cache
 
+from rlft.config.loading import field_type
+
 USAGE = """usage: rlft train [KEY=VALUE ...] [-m] [HYDRA FLAGS]
 
 Fine-tune a language model with RL from the configs in conf/ (a Hydra application).
@@ -40,7 +42,7 @@ failed, 2 a config/data/model/checkpoint error, 130 interrupted.
 def train_help(args: list[str]) -> str:
     from rlft.config import GROUPS, Config, group_options
 
-    sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(_type(Config, f.name))]
+    sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(field_type(Config, f.name))]
     topic = next((a for a in args if not a.startswith("-")), None)
     if topic in sections:
         return section_help(topic)
@@ -56,7 +58,7 @@ def section_help(name: str) -> str:
     """Each key of a config section, its default and its docstring; algo's keys by algorithm."""
     from rlft.config import ALGO_SECTIONS, GROUPS, Config, group_options
 
-    cls = _type(Config, name)
+    cls = field_type(Config, name)
     lines = [f"{name}: {(cls.__doc__ or '').strip().splitlines()[0]}" if _own_doc(cls) else f"{name}:"]
     if name in GROUPS:
         lines.append(f"  options ({name}=OPTION): {', '.join(group_options(name))}")
@@ -74,7 +76,7 @@ def _rows(cls: type, prefix: str) -> typing.Iterator[tuple[str, str]]:
     docs, defaults = field_docs(cls), cls()
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}"
-        sub = _type(cls, f.name)
+        sub = field_type(cls, f.name)
         if dataclasses.is_dataclass(sub):
             yield from _rows(sub, key)
             continue
@@ -93,10 +95,6 @@ def field_docs(cls: type) -> dict[str, str]:
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
             out[node.target.id] = inspect.cleandoc(after.value.value)
     return out
-
-
-def _type(cls: type, name: str) -> typing.Any:
-    return typing.get_type_hints(cls)[name]
 
 
 def _own_doc(cls: type) -> bool:

@@ -327,11 +327,11 @@ def update_policy(
         epochs_run += 1
         order = torch.randperm(len(rows.signal), generator=generator, device="cpu")  # global host row indices
         stop = False
-        for mini in order.chunk(algo.num_mini_batches):
-            if rows.nothing_to_learn(mini.tolist(), algo, critic):
+        for mini in (m.tolist() for m in order.chunk(algo.num_mini_batches)):
+            if rows.nothing_to_learn(mini, algo, critic):
                 continue
-            norm = LossNorm(float(len(mini)), rows.tokens(mini.tolist()), float(cfg.sampler.max_new_tokens))
-            mine = [i - offset for i in mini.tolist() if offset <= i < offset + batch.size]
+            norm = LossNorm(float(len(mini)), rows.tokens(mini), float(cfg.sampler.max_new_tokens))
+            mine = [i - offset for i in mini if offset <= i < offset + batch.size]
             totals = _accumulate_gradients(policy, optimizer, batch, torch.tensor(mine, dtype=torch.long, device="cpu"),
                                            norm, cfg, algo, critic, acc, params[0].device)
             dp.sum_gradients(params)

@@ -91,3 +91,11 @@ def hangs(prompt: str, completion: str, answer: str, **info) -> float:
 
     time.sleep(60)
     return 0.0
+
+
+def hangs_batched(prompts, completions, **kwargs) -> list[float]:
+    """A batched reward that never returns in time."""
+    import time
+
+    time.sleep(60)
+    return [0.0] * len(completions)

@@ -97,3 +97,12 @@ def test_cli_hanging_reward_ends_the_run_in_one_line(tmp_path):
     assert r.returncode == 1 and len(lines) == 1 and "did not return within reward.timeout_s=1 s" in lines[0], r.stderr
     bad = run_cli(["train", *TINY, "reward.on_timeout=0", f"hydra.run.dir={tmp_path}/x"], ROOT)
     assert bad.returncode == 2 and "reward.on_timeout=0.0 scores calls that pass reward.timeout_s" in bad.stderr
+
+
+def test_a_hanging_batched_reward_scores_on_timeout_for_every_completion():
+    from rlft.rewards.calls import CallPolicy
+
+    totals, _ = score_samples(["tests.helpers:hangs_batched"], [1.0], SAMPLES, 32, CallPolicy(0, 1.0, -0.5))
+    assert totals == [-0.5] * len(SAMPLES)
+    with pytest.raises(RewardError, match="did not return within reward.timeout_s=1 s on a batch of 7 completions"):
+        score_samples(["tests.helpers:hangs_batched"], [1.0], SAMPLES, 32, CallPolicy(0, 1.0))

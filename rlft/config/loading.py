@@ -53,10 +53,10 @@ def _check_key(key: str) -> None:
                 f"unknown config key '{key}': no '{part}' in {where}; valid keys: {', '.join(fields)}"
             )
         walked.append(part)
-        cls = _field_type(cls, part)
+        cls = field_type(cls, part)
 
 
-def _field_type(cls: type, name: str) -> Any:
+def field_type(cls: type, name: str) -> Any:
     import typing
 
     return typing.get_type_hints(cls)[name]
@@ -183,7 +183,7 @@ def compose_on(saved_yaml: str, overrides: list[str]) -> Config:
                 continue
             if key in GROUPS:
                 section = yaml.safe_load((conf_dir() / key / f"{ov.value()}.yaml").read_text()) or {}
-                node[key] = OmegaConf.merge(OmegaConf.structured(_field_type(Config, key)), section)
+                node[key] = OmegaConf.merge(OmegaConf.structured(field_type(Config, key)), section)
             else:
                 OmegaConf.update(node, key, ov.value(), merge=False)
         cfg = OmegaConf.to_object(node)

@@ -53,8 +53,10 @@ class CallFailed(Exception):
         self.index, self.error = index, error
 
 
-def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy) -> list[Any]:
-    """``[fn(*args, **kwargs) for args, kwargs in calls]`` under ``policy``.
+def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy,
+              timed_out: Any = None) -> list[Any]:
+    """``[fn(*args, **kwargs) for args, kwargs in calls]`` under ``policy``; a call that ran past the
+    limit with ``policy.on_timeout`` set returns ``timed_out`` (what that score means for this call).
 
     Raises:
         CallFailed: a call raised.
@@ -70,7 +72,7 @@ def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], polic
         return out
     results: dict[int, Any] = {}
     while len(results) < len(calls):
-        _run_in_pool(fn, calls, policy, results)
+        _run_in_pool(fn, calls, policy, results, timed_out)
     return [results[i] for i in range(len(calls))]
 
 
@@ -82,7 +84,7 @@ def _worker_signals() -> None:
 
 
 def _run_in_pool(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy,
-                 results: dict[int, Any]) -> None:
+                 results: dict[int, Any], timed_out: Any) -> None:
     """Collect, in order, every call not in ``results`` yet; on a scored timeout, return early
     (the pool, hung worker included, is gone; the caller starts a fresh one for the rest)."""
     ctx = multiprocessing.get_context("fork")  # workers inherit the imported reward modules
@@ -95,7 +97,7 @@ def _run_in_pool(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], po
             except multiprocessing.TimeoutError:
                 if policy.on_timeout is None:
                     raise CallTimeout(i) from None
-                results[i] = policy.on_timeout
+                results[i] = timed_out
                 return
             except Exception as e:  # noqa: BLE001  (raised by the user's function in the worker)
                 raise CallFailed(i, e) from None

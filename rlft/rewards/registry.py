@@ -127,13 +127,11 @@ def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_to
                   truncated=[s.truncated for s in samples], max_new_tokens=max_new_tokens)
     where = f"a batch of {len(samples)} completions (first: {_short(samples[0].completion)})"
     try:
-        values: Any = run_calls(fn, [((), kwargs)], policy)[0]
+        values: Any = run_calls(fn, [((), kwargs)], policy, timed_out=[policy.on_timeout] * len(samples))[0]
     except CallFailed as e:
         raise RewardError(f"reward function '{name}' raised {type(e.error).__name__}: {e.error} on {where}") from None
     except CallTimeout:
         raise RewardError(_timeout_message(name, policy, where)) from None
-    if isinstance(values, (int, float)) and values == policy.on_timeout:  # the whole batch timed out
-        values = [values] * len(samples)
     if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != len(samples):
         got = f"{len(values)} values" if isinstance(values, Sequence) else repr(values)[:60]
         raise RewardError(f"reward function '{name}' (batched) returned {got} for {len(samples)} completions; "
@@ -147,7 +145,7 @@ def _call_each(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_token
               {"num_tokens": s.num_tokens, "truncated": s.truncated, "max_new_tokens": max_new_tokens})
              for s in samples]
     try:
-        values = run_calls(fn, calls, policy)
+        values = run_calls(fn, calls, policy, timed_out=policy.on_timeout)
     except CallFailed as e:
         s, err = samples[e.index], e.error
         raise RewardError(f"reward function '{name}' raised {type(err).__name__}: {err} on {_where(e.index, s)}") from None
