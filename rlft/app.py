@@ -30,6 +30,7 @@ class _State:
     """What the last ``hydra.main`` call left for the caller (the launching process only)."""
 
     failed_jobs: int = 0
+    flags: list[str] = []  # noqa: RUF012  (Hydra's flags of this command, which trainer.nproc's ranks get too)
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -88,13 +89,14 @@ def run(args: list[str]) -> int:
     """Run ``rlft train ARGS`` through Hydra; returns the exit code."""
     from rlft.cli import fail, quote_home
     from rlft.config import ConfigError
+    from rlft.distributed import launched
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would run the whole job into the same directory
-        return fail("rlft train under torchrun (WORLD_SIZE>1) is not supported yet: the data-parallel learner exists "
-                    "(rlft.distributed) but rollouts, logging and checkpoints are not split across ranks; run one process")
     overrides, flags = split_args(args)
     overrides = [_expand_home(o) for o in quote_home(overrides)]
     multirun = "-m" in flags or "--multirun" in flags
+    if launched() and multirun:
+        return fail("-m under torchrun: every rank would run the whole sweep; run the sweep outside torchrun and give "
+                    "each job its ranks with trainer.nproc=N")
     hydra_only = {"--info", "-i", "--hydra-help", "--shell-completion", "-sc", "--version"} & set(flags)
     try:
         if not hydra_only:
@@ -102,7 +104,10 @@ def run(args: list[str]) -> int:
     except ConfigError as e:
         return fail(str(e))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if launched() and not hydra_only:
+        overrides = _rank_overrides(overrides)
     _State.failed_jobs = 0
+    _State.flags = flags
     saved_argv = sys.argv
     sys.argv = ["rlft", *flags, *overrides]  # Hydra's completion script registers for argv[0]
     try:
@@ -115,6 +120,21 @@ def run(args: list[str]) -> int:
     finally:
         sys.argv = saved_argv
     return 1 if _State.failed_jobs else 0
+
+
+def _rank_overrides(overrides: list[str]) -> list[str]:
+    """Under torchrun: join the process group now, so that the ranks can agree on rank 0's run
+    directory (``${now:}`` in ``hydra.run.dir`` resolves on each rank at its own second); the other
+    ranks give Hydra a scratch directory and write no ``.hydra`` of their own."""
+    import tempfile
+
+    from rlft.distributed import from_environment
+
+    if from_environment().main:
+        return overrides
+    scratch = tempfile.mkdtemp(prefix="rlft-rank-")
+    own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir=", "hydra.output_subdir="))]
+    return [*own, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
 
 
 def _hydra_main() -> None:
@@ -140,17 +160,22 @@ def task(raw: Any) -> float:
 
     from rlft.cli import user_errors
     from rlft.config.loading import to_config
+    from rlft.distributed import from_environment, launched
     from rlft.rewards import RewardError
     from rlft.trainer import train
 
     hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
+    dp = from_environment()
+    run_dir = Path(dp.broadcast(hc.runtime.output_dir))
     in_sweep = hc.mode == RunMode.MULTIRUN
     status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,
                               "started": time.time()}
     t0 = time.perf_counter()
     try:
         cfg = to_config(raw)
+        if cfg.trainer.nproc > 1 and not launched():
+            return _run_ranks(cfg.trainer.nproc, list(hc.overrides.task), run_dir, in_sweep, status, t0)
+        _check_nproc(cfg.trainer.nproc)
         metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
         accuracy = metrics.get("eval/accuracy")
         result = float(accuracy) if isinstance(accuracy, (int, float)) else math.nan
@@ -158,14 +183,26 @@ def task(raw: Any) -> float:
         code = 1 if isinstance(e, RewardError) and not isinstance(e, user_errors()) else 2
         status.update(status="failed", exit_code=code, error=str(e))
         result = math.nan
+    except Exception as e:
+        if not (dp.active and _peer_lost(e)):
+            raise
+        status.update(status="failed", exit_code=1, error=f"rank {dp.rank}: another rank stopped ({_first_line(e)})")
+        result = math.nan
     except KeyboardInterrupt:
         status.update(status="interrupted", exit_code=130)
+        if not dp.main:
+            raise SystemExit(130) from None
         _write_status(run_dir, status, t0)
         if in_sweep:
             raise  # Ctrl-C stops the whole sweep
         print(f"rlft: error: interrupted; continue with: rlft train ... hydra.run.dir={run_dir} trainer.resume=auto",
               file=sys.stderr)
         raise SystemExit(130) from None
+    if not dp.main:  # rank 0 writes the job's status; another rank only reports its own error
+        if status["status"] != "ok":
+            print(f"rlft: error: {status['error']}", file=sys.stderr)
+            raise SystemExit(status["exit_code"])
+        return result
     _write_status(run_dir, status, t0)
     if status["status"] != "ok":
         where = f"job {hc.job.num} ({run_dir}) failed: " if in_sweep else ""
@@ -180,3 +217,45 @@ def _write_status(run_dir: Path, status: dict[str, Any], t0: float) -> None:
     status["ended"] = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / JOB_STATUS).write_text(json.dumps(status, indent=1) + "\n")
+
+
+def _check_nproc(nproc: int) -> None:
+    from rlft.config import ConfigError
+    from rlft.distributed import launched
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if launched() and nproc not in (1, local):
+        raise ConfigError(f"trainer.nproc={nproc} but torchrun started {local} processes on this node; "
+                          "leave trainer.nproc=1 under torchrun (its --nproc-per-node decides)")
+
+
+def _peer_lost(e: BaseException) -> bool:
+    """A collective failed because another rank is gone (its error, kill -9, a lost node)."""
+    import torch.distributed as dist
+
+    return isinstance(e, (dist.DistError, RuntimeError)) and any(
+        s in str(e) for s in ("Connection closed", "Connection reset", "Broken pipe", "NCCL", "Gloo", "gloo",
+                              "timed out", "Socket"))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _run_ranks(nproc: int, overrides: list[str], run_dir: Path, in_sweep: bool, status: dict[str, Any],
+               t0: float) -> float:
+    """``trainer.nproc=N``: this job's N ranks through torch's launcher (rlft.launch); rank 0 writes job.json."""
+    from rlft.launch import launch, rank_args, rank_status
+
+    code, result = launch(nproc, rank_args(overrides, _State.flags, run_dir), run_dir)
+    if not rank_status(run_dir):
+        status.update(status="ok" if code == 0 else "failed", exit_code=code,
+                      error="" if code == 0 else f"a rank exited with code {code}")
+        _write_status(run_dir, status, t0)
+    if code == 0:
+        return result
+    if code == 130 and not in_sweep:
+        raise SystemExit(130)
+    if in_sweep:  # the sweep summary counts it from job.json
+        return math.nan
+    raise SystemExit(code)

@@ -99,8 +99,8 @@ class RolloutBatch:
         if rows.dtype == torch.bool or rows.is_floating_point():
             raise TypeError("RolloutBatch.select takes integer row indices (a mask: mask.nonzero().squeeze(-1))")
         host = self.host.select(rows.tolist())
-        t_len = max(1, max(host.resp_len))
-        l_len = max(s + n for s, n in zip(host.resp_start, host.resp_len))
+        t_len = max(1, max(host.resp_len, default=1))  # no rows: a rank that holds none of the groups
+        l_len = max((s + n for s, n in zip(host.resp_start, host.resp_len)), default=1)
         on_device = rows.to(self.device, non_blocking=True)
         out: dict[str, object] = {"host": host}
         for f in fields(self):

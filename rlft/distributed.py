@@ -55,6 +55,24 @@ class DataParallel:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on one (a stop request, a spent time budget)."""
+        return bool(self.max_(torch.tensor([float(flag)])).item())
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        """Elementwise sums over ranks of a few host numbers (float64, so counts stay exact)."""
+        if not self.active:
+            return list(values)
+        return self.sum_(torch.tensor(values, dtype=torch.float64)).tolist()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def sum_gradients(self, params: list[Tensor]) -> None:
         """Replace each parameter's gradient by its sum over ranks (a rank without one counts 0)."""
         if not self.active:
@@ -72,12 +90,23 @@ class DataParallel:
 SINGLE = DataParallel()
 
 
-def from_environment(device: torch.device) -> DataParallel:
+def launched() -> bool:
+    """Started by torchrun (or another launcher that sets WORLD_SIZE) with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def local_rank() -> int:
+    """This process's index on its node (its GPU under torchrun)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def from_environment(device: torch.device | None = None) -> DataParallel:
     """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR,
-    ...): gloo on the CPU, NCCL on CUDA. Without torchrun, one process."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    ...). Gloo carries the host-side collectives (objects, flags, counts); NCCL joins it for CUDA
+    tensors when torch sees a GPU. Without torchrun, one process."""
+    if not launched():
         return SINGLE
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        cuda = torch.cuda.is_available() and (device is None or device.type == "cuda")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
     return DataParallel(dist.get_rank(), dist.get_world_size())

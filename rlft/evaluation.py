@@ -7,8 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlft.data.chat import prompt_ids
+from rlft.data.chat import drop_long_prompts, problem_ids
 from rlft.data.tasks import DataError, Problem
+from rlft.distributed import SINGLE, DataParallel
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
@@ -22,11 +23,11 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
     Returns:
         Per problem, one bool per completion; and the number of completion tokens.
     """
-    prompts = [prompt_ids(tokenizer, p.prompt, cfg.data.system_prompt) for p in problems]
+    prompts = [problem_ids(tokenizer, p, cfg.data) for p in problems]
     gens = sampler.generate(prompts, params)
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     samples = [
-        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut)
+        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut, problems[i].columns)
         for i, t, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
     ]
     _, per_fn = score_samples(cfg.reward.fns[:1], [1.0], samples, cfg.sampler.max_new_tokens, call_policy(cfg.reward))
@@ -36,15 +37,21 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
     return out, gens.num_tokens
 
 
-def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any) -> dict[str, float]:
+def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
+             dp: DataParallel = SINGLE) -> dict[str, float]:
     """Greedy accuracy (the first reward function, usually correctness, > 0.5) on ``problems``.
+
+    Under data parallelism each rank evaluates a contiguous share and the counts are summed.
 
     Returns:
         ``eval/accuracy`` and ``eval/mean_tokens``.
     """
+    share = -(-len(problems) // dp.world)
+    mine = problems[dp.rank * share : (dp.rank + 1) * share]
     params = SamplingParams(n=1, max_new_tokens=cfg.sampler.max_new_tokens, greedy=True)
-    ok, tokens = correctness(sampler, tokenizer, problems, cfg, params)
-    return {"eval/accuracy": sum(o[0] for o in ok) / len(ok), "eval/mean_tokens": tokens / len(ok)}
+    ok, tokens = correctness(sampler, tokenizer, mine, cfg, params) if mine else ([], 0)
+    right, tokens = dp.sum_floats([float(sum(o[0] for o in ok)), float(tokens)])
+    return {"eval/accuracy": right / len(problems), "eval/mean_tokens": tokens / len(problems)}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -78,7 +85,8 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     from rlft.run_state import load_policy_weights, trained_dtype
 
     quiet_libraries()
-    problems = build_task(cfg.data, cfg.seed).eval_problems
+    task = build_task(cfg.data, cfg.seed)
+    problems = task.eval_problems
     if not problems:
         raise DataError("no held-out problems to evaluate (data.num_eval=0, or a data file too small to split: "
                         "set data.eval_path or pass --data FILE)")
@@ -87,6 +95,9 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     device = resolve_device(cfg.trainer.device)
     cfg.model.dtype = resolve_precision(cfg.model, device.type).dtype
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False, device=device)
+    problems = drop_long_prompts(task, policy.tokenizer, cfg.data)[0].eval_problems
+    if not problems:
+        raise DataError(f"every held-out prompt is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     if checkpoint is not None:
         load_policy_weights(policy.model, checkpoint)

@@ -3,9 +3,13 @@
 A step changes the weights, the optimizer and scheduler, the random states, the data
 position and the adapted coefficients. A failure at any point of a step (a reward that
 raises, an evaluation that crashes, an abort in the middle of the update) would leave a mix
-of two steps. So each step starts from an in-memory :class:`Snapshot` of the state after the
-last completed step, and a failure rolls back to it and saves that as a checkpoint: with the
-default ``trainer.save_every=0`` nothing but the failed step is lost.
+of two steps. So after each completed step the trainer keeps an in-memory :class:`Snapshot`
+of its state, and a failure saves that as a checkpoint: with the default
+``trainer.save_every=0`` nothing but the failed step is lost.
+
+Under data parallelism the snapshot holds every rank's random states (gathered when it is
+taken), so rank 0 can write it alone, without a collective: after a failure, another rank may
+be gone (an error of its own, ``kill -9``), and its collectives would never complete.
 """
 
 from __future__ import annotations
@@ -48,11 +52,27 @@ def restore(c: Any, snap: Snapshot) -> None:
     run_state.apply(c, snap.tensors, snap.state, "the step's starting state")
 
 
+def save_on_failure(c: Any, out: Any, done: int, saved_step: int, snap: Snapshot) -> None:
+    """Keep the work done so far when a run stops on an error or an abort: ``snap`` (the state after
+    ``done`` steps) goes back into the components and, on the writing rank, into a checkpoint.
+    ``out`` is the run's :class:`rlft.outputs.Outputs`."""
+    if done <= saved_step or done == 0:
+        return
+    try:
+        restore(c, snap)
+        path = out.write_snapshot(c, done, snap)
+    except Exception as e:  # noqa: BLE001  (the original error is the one to report)
+        out.info(f"stopped after step {done} but could not save it ({type(e).__name__}: {e}); "
+                 f"resume from step {saved_step}")
+        return
+    if path is not None:
+        out.info(f"stopped after step {done}; saved {path} (resume with trainer.resume=auto)")
+
+
 class GracefulStop:
     """The first Ctrl-C (or SIGTERM) finishes the current step, checkpoints and stops; a second one aborts."""
 
-    def __init__(self, tracker: Any):
-        self.tracker = tracker
+    def __init__(self, out: Any = None):
         self.requested = False
         self._previous: dict[int, Any] = {}
 

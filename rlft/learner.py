@@ -203,6 +203,8 @@ def by_length(batch: RolloutBatch, rows: Tensor, micro: int) -> tuple[Tensor, ..
     """``rows`` (host indices) in micro-batches of similar completion length, so each pads to little
     more than its own rows (prompts are short and shared within a micro-batch, so their padding matters less)."""
     lengths = torch.tensor(batch.host.resp_len, device="cpu")
+    if rows.numel() == 0:  # a rank that holds none of the groups (torch's split would give one empty chunk)
+        return ()
     return rows[torch.argsort(lengths[rows], stable=True)].split(micro)
 
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from rlft import checkpoint as ckpt
 from rlft.config import ConfigError
+from rlft.distributed import SINGLE
 
 WEIGHTS = "trainable.safetensors"
 OPTIMIZER = "optimizer.safetensors"
@@ -46,6 +47,7 @@ KEY_CLASSES: dict[str, tuple[str, str]] = {
     **_rows(HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it", "trainer.steps"),
     **_rows(NUMERICS, "float summation order and padding of the gradient accumulation", "trainer.micro_batch_size"),
     **_rows(NUMERICS, "float rounding of CPU kernels that split work by thread", "trainer.threads"),
+    **_rows(NUMERICS, "the order of the gradient sum over ranks (rollouts are seeded per prompt)", "trainer.nproc"),
     **_rows(NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)", "trainer.device"),
     **_rows(NUMERICS, "recomputes the same activations, whole rows instead of a shared prompt pass",
             "model.gradient_checkpointing"),
@@ -68,10 +70,11 @@ KEY_CLASSES: dict[str, tuple[str, str]] = {
     **_rows(HARMLESS, "where reward calls run, not what they return", "reward.num_workers"),
     **_rows(HARMFUL, "which calls score reward.on_timeout, and that score", "reward.timeout_s", "reward.on_timeout"),
     **_rows(HARMFUL, "the training problems", *(f"data.{k}" for k in (
-        "name", "digits", "ops", "num_numbers", "template", "path", "prompt_field", "answer_field",
-        "system_prompt"))),
+        "name", "digits", "ops", "num_numbers", "template", "path", "split", "prompt_field", "answer_field",
+        "system_prompt", "chat_template", "max_prompt_tokens"))),
     **_rows(HARMFUL, "the held-out split, carved out of or rejected from the training problems", "data.num_eval"),
-    **_rows(HARMFUL, "on data=jsonl, whether the eval rows are carved out of the training file", "data.eval_path"),
+    **_rows(HARMFUL, "on data=jsonl/hf, whether the eval rows are carved out of the training file", "data.eval_path",
+            "data.eval_split"),
     **_rows(HARMFUL, "the optimizer's updates or LR schedule", *(f"optim.{k}" for k in (
         "lr", "weight_decay", "betas", "warmup_steps", "schedule", "max_grad_norm"))),
     **_rows(HARMFUL, "the batch size", "trainer.num_prompts"),
@@ -118,33 +121,54 @@ def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
     """Everything a training step changes, as ``({file name: {tensor name: tensor}}, JSON state)``.
 
     The tensors are the live ones (weights, optimizer moments), not copies. A checkpoint writes
-    this to disk; :mod:`rlft.failure` keeps a copy in memory at the start of each step.
+    this to disk; :mod:`rlft.failure` keeps a copy in memory after each step. Under data
+    parallelism the weights and optimizer are the same on every rank; the random states of every
+    rank are gathered (a collective: every rank calls this), rank r's under ``rank{r}.`` names.
     """
+    dp = getattr(c, "dp", SINGLE)
     opt = c.optimizer.state_dict()
     opt_tensors = {f"{pid}.{k}": v for pid, s in opt["state"].items() for k, v in s.items()}
-    np_state = np.random.get_state()
+    ranks = dp.all_gather(_rank_rng(c.device))
+    rng_json, rng = ranks[0][1], {"shuffle": c.shuffle.get_state(), **ranks[0][0]}
+    for r, (tensors, _) in enumerate(ranks[1:], 1):
+        rng.update({f"rank{r}.{k}": v for k, v in tensors.items()})
     state = {
         "cursor": c.cursor,
         "compute_dtype": c.precision.dtype,
+        "world_size": dp.world,
         "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef},
         "optimizer_param_groups": opt["param_groups"],
         "scheduler": c.scheduler.state_dict(),
-        "python_rng": _py_state_to_json(random.getstate()),
-        "numpy_rng": {"pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+        **rng_json,
+        "rank_rngs": [j for _, j in ranks[1:]],
     }
-    rng = {
-        "torch": torch.get_rng_state(),
-        "shuffle": c.shuffle.get_state(),
-        "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
-    }
-    if c.device.type == "cuda":  # dropout on the GPU draws from the device's generator
-        rng[CUDA_RNG] = torch.cuda.get_rng_state(c.device)
     return {WEIGHTS: trainable_tensors(c), OPTIMIZER: opt_tensors, RNG: rng}, state
 
 
+def _rank_rng(device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """This process's random states: tensors, and the JSON part."""
+    np_state = np.random.get_state()
+    tensors = {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64))}
+    if device.type == "cuda":  # dropout on the GPU draws from the device's generator
+        tensors[CUDA_RNG] = torch.cuda.get_rng_state(device)
+    return tensors, {
+        "python_rng": _py_state_to_json(random.getstate()),
+        "numpy_rng": {"pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+    }
+
+
 def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, metrics: dict | None = None) -> Path:
-    """Checkpoint the components after ``step`` completed steps; prune to ``keep_last``."""
+    """Checkpoint the components after ``step`` completed steps; prune to ``keep_last``. Under data
+    parallelism every rank calls this (the random states are gathered) and rank 0 writes."""
     tensors, state = collect(c)
+    if not getattr(c, "dp", SINGLE).main:
+        return run_dir / "checkpoints" / ckpt.step_dir_name(step)
+    return write(c, run_dir, step, tensors, state, config_yaml, keep_last, metrics)
+
+
+def write(c: Any, run_dir: Path, step: int, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any],
+          config_yaml: str, keep_last: int, metrics: dict | None = None) -> Path:
+    """Write collected (or snapshotted) state as the checkpoint of ``step``; no collectives."""
     state = {"step": step, **state, "metrics": metrics or {}}
     extra = _peft_writer(c.policy.model) if c.policy.lora else None
     path = ckpt.write_checkpoint(run_dir / "checkpoints", step, tensors, {ckpt.STATE: state, CONFIG: config_yaml},
@@ -210,14 +234,23 @@ def apply(c: Any, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], 
     c.cursor = int(state["cursor"])
     c.state.penalty_beta = float(state["algo"]["penalty_beta"])
     c.state.kl_coef = float(state["algo"]["kl_coef"])
-    rng = tensors[RNG]
+    rng, rng_json = _own_rng(tensors[RNG], state, getattr(c, "dp", SINGLE).rank)
     torch.set_rng_state(rng["torch"])
     restore_device_rng(rng, c.device)
-    c.shuffle.set_state(rng["shuffle"])
-    n = state["numpy_rng"]
+    c.shuffle.set_state(tensors[RNG]["shuffle"])
+    n = rng_json["numpy_rng"]
     np.random.set_state(("MT19937", rng["numpy_keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached"]))
-    random.setstate(_py_state_from_json(state["python_rng"]))
+    random.setstate(_py_state_from_json(rng_json["python_rng"]))
+
+
+def _own_rng(rng: dict[str, Tensor], state: dict[str, Any], rank: int) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Rank ``rank``'s random states; rank 0's when the checkpoint has none for it (it was written at
+    a smaller world size, a change :func:`check_compatible` reports)."""
+    prefix = f"rank{rank}."
+    if rank > 0 and f"{prefix}torch" in rng and len(state.get("rank_rngs", [])) >= rank:
+        return {k.removeprefix(prefix): v for k, v in rng.items() if k.startswith(prefix)}, state["rank_rngs"][rank - 1]
+    return {k: v for k, v in rng.items() if not k.startswith("rank")}, state
 
 
 def restore_device_rng(rng: dict[str, Tensor], device: torch.device) -> None:
@@ -259,9 +292,17 @@ def config_changes(saved_yaml: str, current_yaml: str, trained_dtype: str | None
     return harmful, allowed
 
 
-def check_compatible(path: Path, current_yaml: str) -> list[str]:
-    """Fail when the config changed in a way that changes the run, naming each key and why; return the others."""
+def check_compatible(path: Path, current_yaml: str, world_size: int = 1) -> list[str]:
+    """Fail when the config changed in a way that changes the run, naming each key and why; return the others
+    (a change of the number of data-parallel ranks among them)."""
     harmful, allowed = config_changes((path / CONFIG).read_text(), current_yaml, trained_dtype(path))
+    try:
+        saved_world = int(ckpt.read_json(path, ckpt.STATE).get("world_size", 1))
+    except (OSError, ValueError):  # no trainer state to read (resolve() has checked the checkpoint is complete)
+        saved_world = world_size
+    if saved_world != world_size:
+        allowed.append(f"data-parallel ranks: {saved_world} -> {world_size} ({NUMERICS}: the order of the gradient "
+                       "sum; rollouts are seeded per prompt; new ranks start from rank 0's random state)")
     if harmful:
         shown = "; ".join(harmful[:4]) + (f"; and {len(harmful) - 4} more" if len(harmful) > 4 else "")
         raise ConfigError(

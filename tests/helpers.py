@@ -25,6 +25,10 @@ def batched_none(prompts, completions, **kwargs) -> list:
     return [None] * len(completions)
 
 
+def batched_nan(prompts, completions, **kwargs) -> list:
+    return [float("nan")] * len(completions)
+
+
 _calls = 0
 
 
@@ -47,7 +51,18 @@ def answer_is_even(prompt: str, completion: str, answer: str, **info) -> float:
 
 def char_count_on_even(prompt: str, completion: str, answer: str, **info) -> float:
     """char_count on problems with an even answer, 0 on the others: half the groups carry no signal,
-    so dynamic sampling needs a varying number of rounds to fill a batch."""
+    so dynamic sampling needs a varying number of rounds to fill a batch.
+
+    On the data-parallel rank $RLFT_TEST_KILL_RANK, after $RLFT_TEST_KILL_AFTER calls, the process
+    kills itself with SIGKILL (a rank lost mid-step, as ``kill -9`` or a dead node leaves it)."""
+    import os
+    import signal
+
+    global _calls
+    _calls += 1
+    after = os.environ.get("RLFT_TEST_KILL_AFTER")
+    if after and os.environ.get("RANK") == os.environ.get("RLFT_TEST_KILL_RANK") and _calls > int(after):
+        os.kill(os.getpid(), signal.SIGKILL)
     return len(completion) / 10.0 if int(answer) % 2 == 0 else 0.0
 
 
@@ -99,3 +114,25 @@ def hangs_batched(prompts, completions, **kwargs) -> list[float]:
 
     time.sleep(60)
     return [0.0] * len(completions)
+
+
+def level_reward(prompt: str, completion: str, answer: str, **info) -> float:
+    """Reads the data columns ``level`` and ``source`` (data=hf/jsonl columns arrive as keyword arguments)."""
+    assert isinstance(info["source"], str)
+    return float(info["level"]) + len(completion) / 100.0
+
+
+def level_reward_batched(prompts, completions, level, source, **kwargs) -> list[float]:
+    """level_reward in TRL's batched signature: each column arrives as a list, one entry per completion."""
+    assert len(level) == len(source) == len(completions) and all(isinstance(s, str) for s in source)
+    return [float(lv) + len(c) / 100.0 for lv, c in zip(level, completions)]
+
+
+def none_on_odd_length(prompt: str, completion: str, answer: str, **info):
+    """No score (None) for completions of an odd number of characters: some samples of a group are unscored."""
+    return None if len(completion) % 2 else len(completion) / 10.0
+
+
+def none_on_level_2(prompts, completions, level, **kwargs) -> list:
+    """Batched: None for rows whose ``level`` column is 2 (whole groups unscored), else the character count."""
+    return [None if lv == 2 else len(c) / 10.0 for lv, c in zip(level, completions)]

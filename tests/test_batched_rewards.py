@@ -30,11 +30,16 @@ def test_batched_and_per_sample_give_the_same_scores():
 
 @pytest.mark.parametrize("name, message", [
     ("batched_wrong_length", "returned 1 values for 7 completions"),
-    ("batched_none", "returned None on sample 0"),
+    ("batched_nan", r"returned nan on sample 0 .*\(return None for no score\)"),
 ])
 def test_bad_batched_returns_are_one_clear_error(name, message):
     with pytest.raises(RewardError, match=message):
         score_samples([f"tests.helpers:{name}"], [1.0], SAMPLES, 32)
+
+
+def test_batched_none_leaves_every_sample_unscored():
+    totals, _ = score_samples(["tests.helpers:batched_none"], [1.0], SAMPLES, 32)
+    assert len(totals) == len(SAMPLES) and all(t != t for t in totals)  # NaN: unscored (tests/test_unscored.py)
 
 
 @pytest.mark.slow  # several CLI runs; kept out of make test's 10 minutes

@@ -105,7 +105,7 @@ def test_options_that_would_do_nothing_are_refused(overrides, expected):
 
 
 def test_sampler_logprobs_are_compared_only_without_truncation(compose_cfg):
-    from rlft.trainer import untruncated
+    from rlft.collection import untruncated
 
     assert untruncated(compose_cfg().sampler)
     assert not untruncated(compose_cfg("sampler.top_p=0.95").sampler)

@@ -13,10 +13,12 @@ from conftest import ROOT, TINY
 from helpers import write_eos_model
 from safetensors.torch import load_file, save_file
 
+from rlft.collection import collect_rollout
 from rlft.config import compose
 from rlft.learner import update_policy
+from rlft.prepare import prepare_batch
 from rlft.run_state import trainable_tensors
-from rlft.trainer import build_components, collect_rollout, prepare_batch
+from rlft.trainer import build_components
 
 # fp32 so that the only difference between 1 and 2 ranks is the order of float sums.
 BASE = [*TINY, "model.dtype=fp32", "trainer.threads=1", "optim.lr=1e-2", "trainer.num_prompts=4",

@@ -167,12 +167,13 @@ def test_tab_completion_through_hydra():
     assert "-F hydra_bash_completion rlft" in install
 
 
-def test_torchrun_ranks_are_refused_until_rollouts_are_split(tmp_path):
+def test_a_sweep_under_torchrun_is_refused_in_one_line(tmp_path):
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, WORLD_SIZE="2", RANK="0")
-    r = subprocess.run([sys.executable, "-m", "rlft.cli", "train", *TINY, f"hydra.run.dir={tmp_path}/run"], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert "WORLD_SIZE>1" in _one_line(r) and not (tmp_path / "run").exists()
+    r = subprocess.run([sys.executable, "-m", "rlft.cli", "train", "-m", *TINY, "seed=1,2",
+                        f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "trainer.nproc" in _one_line(r) and not (tmp_path / "sweep").exists()

@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
+from rlft.collection import collect_rollout
 from rlft.config import compose
-from rlft.trainer import build_components, collect_rollout, prepare_batch, train_step
+from rlft.prepare import prepare_batch
+from rlft.trainer import build_components, train_step
 from tests.conftest import TINY
 
 VARIED = ["reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]

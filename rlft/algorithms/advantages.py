@@ -23,6 +23,8 @@ class AdvantageInputs:
         group_ids: Prompt index of each sequence, shape (B,); equal ids form a group.
         token_rewards: Per-token rewards, shape (B, T) (PPO: KL penalty plus score).
         values: Critic values, shape (B, T) (PPO).
+        reduce: Sums a tensor over the data-parallel ranks (batch-wide statistics such as PPO's
+            whitening must cover every rank's rows); identity in one process. Groups never span ranks.
     """
 
     scores: Tensor
@@ -30,30 +32,36 @@ class AdvantageInputs:
     group_ids: Tensor
     token_rewards: Tensor | None = None
     values: Tensor | None = None
+    reduce: Any = None
 
 
 def group_normalized_scores(scores: Tensor, group_ids: Tensor, norm_by_std: bool, eps: float) -> Tensor:
     """(R_i - mean(R_group)) / (std(R_group) + eps), std unbiased as in torch.std.
 
+    Unscored samples (NaN scores) are left out of their group's mean and std and get 0; so does
+    every member of a group with fewer than 2 scored samples.
+
     Args:
-        scores: Shape (B,).
+        scores: Shape (B,); NaN marks an unscored sample.
         group_ids: Shape (B,), integer group labels.
         norm_by_std: Divide by the group std (False: only centre, as Dr. GRPO).
         eps: Added to the std.
 
     Returns:
-        Shape (B,).
+        Shape (B,), finite.
     """
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    n_groups = counts.numel()
-    sums = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, scores)
-    means = sums / counts
-    centred = scores - means[inverse]
-    if not norm_by_std:
-        return centred
-    sq = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, inverse, centred**2)
-    std = torch.sqrt(sq / (counts - 1).clamp(min=1))
-    return centred / (std[inverse] + eps)
+    uniq, inverse = torch.unique(group_ids, return_inverse=True)
+    scored = torch.isfinite(scores)
+    values = torch.where(scored, scores, torch.zeros_like(scores))
+    zeros = torch.zeros(uniq.numel(), dtype=scores.dtype, device=scores.device)
+    counts = zeros.clone().index_add_(0, inverse, scored.to(scores.dtype))
+    means = zeros.clone().index_add_(0, inverse, values) / counts.clamp(min=1)
+    centred = torch.where(scored, values - means[inverse], torch.zeros_like(values))
+    if norm_by_std:
+        sq = zeros.clone().index_add_(0, inverse, centred**2)
+        std = torch.sqrt(sq / (counts - 1).clamp(min=1))
+        centred = centred / (std[inverse] + eps)
+    return torch.where(counts[inverse] >= 2, centred, torch.zeros_like(centred))
 
 
 @ADV_ESTIMATORS.register("grpo")
@@ -120,7 +128,7 @@ def gae_estimator(inputs: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
         raise ValueError("the gae estimator needs token_rewards and values (a critic)")
     adv, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
-        adv = masked_whiten(adv, inputs.mask)
+        adv = masked_whiten(adv, inputs.mask, reduce=inputs.reduce or (lambda t: t))
     return adv, returns
 
 
@@ -171,15 +179,16 @@ def informative_groups(scores: Tensor, group_ids: Tensor) -> Tensor:
     """DAPO dynamic sampling: which groups have rewards that are not all equal.
 
     Args:
-        scores: (B,) rewards.
+        scores: (B,) rewards; NaN (unscored) members are ignored.
         group_ids: (B,) group labels.
 
     Returns:
-        The sorted group labels whose members' rewards differ (0 < #correct < G).
+        The sorted group labels whose scored members' rewards differ (0 < #correct < G).
     """
     keep = []
     for g in torch.unique(group_ids):
         s = scores[group_ids == g]
+        s = s[torch.isfinite(s)]
         if s.numel() > 1 and bool((s != s[0]).any()):
             keep.append(int(g))
     return torch.tensor(keep, dtype=torch.long)

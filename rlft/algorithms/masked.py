@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+
+Reduce = Callable[[Tensor], Tensor]
+"""Sums a tensor over the data-parallel ranks (in place, returning it); identity in one process."""
+
+
+def _local(t: Tensor) -> Tensor:
+    return t
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -23,14 +32,22 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / mask.sum(dim).clamp(min=1)
 
 
-def masked_var(x: Tensor, mask: Tensor) -> Tensor:
+def masked_moments(x: Tensor, mask: Tensor, reduce: Reduce = _local) -> tuple[Tensor, Tensor, Tensor]:
+    """``(mean, unbiased variance, count)`` of the masked entries of ``x`` (scalars), over every
+    rank's entries when ``reduce`` sums over ranks (two passes, as one process computes them)."""
+    sums = reduce(torch.stack([masked_sum(x, mask), mask.sum().to(x.dtype)]))
+    mean = sums[0] / sums[1].clamp(min=1)
+    sq = reduce(masked_sum((x - mean) ** 2, mask).reshape(1))[0]
+    return mean, sq / (sums[1] - 1).clamp(min=1), sums[1]
+
+
+def masked_var(x: Tensor, mask: Tensor, reduce: Reduce = _local) -> Tensor:
     """Unbiased variance of the masked entries of ``x`` (scalar)."""
-    n = mask.sum()
-    mean = masked_mean(x, mask)
-    return masked_sum((x - mean) ** 2, mask) / (n - 1).clamp(min=1)
+    return masked_moments(x, mask, reduce)[1]
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
-    """Normalize the masked entries of ``x`` to mean 0, std 1; masked-out entries become 0."""
-    mean = masked_mean(x, mask)
-    return (x - mean) * torch.rsqrt(masked_var(x, mask) + eps) * mask
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, reduce: Reduce = _local) -> Tensor:
+    """Normalize the masked entries of ``x`` to mean 0, std 1 (over every rank's entries with
+    ``reduce``); masked-out entries become 0."""
+    mean, var, _ = masked_moments(x, mask, reduce)
+    return (x - mean) * torch.rsqrt(var + eps) * mask

@@ -232,7 +232,7 @@ class RewardConfig:
 @dataclass
 class DataConfig:
     name: str = "arithmetic"
-    """Task: arithmetic or countdown (generated), or jsonl (a local file)."""
+    """Task: arithmetic, countdown (generated), jsonl (a JSON/JSONL file), hf (a local data set), gsm8k (an hf preset)."""
     digits: int = 2
     """Arithmetic: digits per operand; countdown: numbers and targets lie in [1, 10**digits - 1]."""
     ops: list[str] = field(default_factory=lambda: ["+"])
@@ -240,19 +240,27 @@ class DataConfig:
     num_numbers: list[int] = field(default_factory=lambda: [3, 4])
     """Countdown: how many numbers a problem gives, drawn from this list (each used exactly once)."""
     template: str = "What is {a} {op} {b}? Reply with just the number."
-    """Prompt text; arithmetic fills {a} {op} {b}, countdown {numbers} {target}, jsonl {prompt}."""
+    """Prompt text; arithmetic fills {a} {op} {b}, countdown {numbers} {target}, jsonl/hf {prompt} (string prompts)."""
     num_eval: int = 200
     """Held-out problems used for evaluation."""
     path: str | None = None
-    """jsonl: training file."""
+    """jsonl: training file; hf/gsm8k: a save_to_disk folder, a folder of data files, or a parquet/json/jsonl/csv file."""
+    split: str = "train"
+    """hf/gsm8k: the split of data.path to train on (a single file is the split train)."""
+    eval_split: str | None = None
+    """hf/gsm8k: the held-out split (of data.eval_path when given, else of data.path)."""
     eval_path: str | None = None
-    """jsonl: held-out file (default: the last num_eval rows of path)."""
+    """jsonl/hf: held-out file or folder (default: the last num_eval rows of path)."""
     prompt_field: str = "prompt"
-    """jsonl: field holding the question."""
-    answer_field: str = "answer"
-    """jsonl: field holding the reference answer."""
+    """jsonl/hf: column holding the prompt (a string, or a list of chat messages {role, content})."""
+    answer_field: str | None = "answer"
+    """jsonl/hf: column holding the reference answer (null: none, rewards get answer="")."""
     system_prompt: str | None = None
     """System message for the chat template (None: the model's default)."""
+    chat_template: bool = True
+    """Render prompts with the tokenizer's chat template (false: the raw text; message prompts are refused)."""
+    max_prompt_tokens: int = 0
+    """jsonl/hf: drop (never truncate) problems whose templated prompt is longer than this many tokens (0: no limit)."""
 
 
 @dataclass
@@ -273,12 +281,17 @@ class LoggerConfig:
     """Progress bar and one line per step on the console."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases settings."""
+    rollouts: bool = False
+    """Also write every kept rollout row (step, group, prompt and completion token ids, score) to rollouts.jsonl."""
 
 
 @dataclass
 class TrainerConfig:
     steps: int = 30
     """Rollout/update iterations."""
+    nproc: int = 1
+    """Data-parallel ranks to start on this machine through torch's launcher (1: this process only;
+    under torchrun leave it 1: --nproc-per-node decides). trainer.num_prompts must be a multiple of the ranks."""
     num_prompts: int = 4
     """Prompts per rollout batch (each sampled sampler.n times)."""
     micro_batch_size: int = 16

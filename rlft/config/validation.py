@@ -71,26 +71,51 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
-    if cfg.data.name not in ("arithmetic", "countdown", "jsonl"):
-        raise ConfigError(f"data.name='{cfg.data.name}'; valid choices: arithmetic, countdown, jsonl")
-    # Countdown answers are JSON, and math_correct would pay for writing the target alone: with only
-    # built-in rewards, one must be countdown_correct (a user's own function may score it its way).
-    builtins_only = all(":" not in f and "." not in f for f in cfg.reward.fns)
-    if cfg.data.name == "countdown" and builtins_only and "countdown_correct" not in cfg.reward.fns:
-        raise ConfigError(f"data=countdown is scored by the countdown_correct reward, not {list(cfg.reward.fns)}: "
-                          "add reward=countdown (or put countdown_correct in reward.fns)")
-    if cfg.data.name == "jsonl" and not cfg.data.path:
-        raise ConfigError("data=jsonl needs data.path=FILE")
+    _check_data(cfg)
     if cfg.optim.schedule not in ("constant", "linear", "cosine"):
         raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
     if t.keep_last < 0 or t.save_every < 0:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
+    if cfg.trainer.nproc < 1:
+        raise ConfigError(f"trainer.nproc={cfg.trainer.nproc} must be >= 1")
     if cfg.data.num_eval < 0:
         raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
     _check_model_source(cfg.model)
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
     _check_sampler(cfg)
+
+
+def _check_data(cfg: Config) -> None:
+    d = cfg.data
+    if d.name not in ("arithmetic", "countdown", "jsonl", "hf", "gsm8k"):
+        raise ConfigError(f"data.name='{d.name}'; valid choices: arithmetic, countdown, jsonl, hf, gsm8k")
+    # Countdown answers are JSON, and math_correct would pay for writing the target alone; GSM8K replies
+    # give their answer after "####" or in \boxed{}: with only built-in rewards, one must be the task's
+    # own (a user's function may score it its way).
+    builtins_only = all(":" not in f and "." not in f for f in cfg.reward.fns)
+    for task, fn in (("countdown", "countdown_correct"), ("gsm8k", "gsm8k_correct")):
+        if d.name == task and builtins_only and fn not in cfg.reward.fns:
+            raise ConfigError(f"data={task} is scored by the {fn} reward, not {list(cfg.reward.fns)}: "
+                              f"add reward={task} (or put {fn} in reward.fns)")
+    if d.name in ("jsonl", "hf", "gsm8k") and not d.path:
+        what = "FILE" if d.name == "jsonl" else "FILE_OR_DIR"
+        hint = " (GSM8K: https://huggingface.co/datasets/openai/gsm8k)" if d.name == "gsm8k" else ""
+        raise ConfigError(f"data={d.name} needs data.path={what}{hint}")
+    if d.eval_split and d.name not in ("hf", "gsm8k"):
+        raise ConfigError(f"data.eval_split={d.eval_split} names a split of a data=hf data set; data={d.name} "
+                          "has no splits" + (" (use data.eval_path)" if d.name == "jsonl" else ""))
+    if d.eval_split and d.eval_split == d.split and not d.eval_path:
+        raise ConfigError(f"data.eval_split={d.eval_split} is the training split (data.split): its rows would be "
+                          "trained on; drop data.eval_split to hold out the last data.num_eval rows instead")
+    if d.max_prompt_tokens < 0:
+        raise ConfigError(f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 0 (0: no limit)")
+    if d.max_prompt_tokens and d.name not in ("jsonl", "hf", "gsm8k"):
+        raise ConfigError(f"data.max_prompt_tokens={d.max_prompt_tokens} filters data sets read from files "
+                          f"(data=jsonl, hf, gsm8k); data={d.name} generates short prompts: set it to 0")
+    if d.system_prompt and not d.chat_template:
+        raise ConfigError("data.system_prompt is a chat message, but data.chat_template=false sends raw text: "
+                          "drop one of them (or put the text in data.template)")
 
 
 def _check_device(device: str, m: ModelConfig) -> None:

@@ -1,4 +1,4 @@
-"""Tasks (generated or file-based) and chat templating."""
+"""Tasks (generated or file-based), chat templating, and Hugging Face data sets."""
 
 from rlft.data.tasks import DataError, Problem, Task, build_task
 

@@ -1,20 +1,100 @@
-"""Chat templating of prompts."""
+"""Chat templating of prompts, and dropping prompts over data.max_prompt_tokens."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rlft.data.problem import DataError, Problem
+from rlft.data.tasks import Task, rows_task
 
-def prompt_ids(tokenizer: Any, text: str, system_prompt: str | None = None) -> list[int]:
-    """Token ids of ``text`` as a user turn, ready for the assistant's reply.
+Prompt = str | list[dict[str, Any]]
+"""A user message, or a list of chat messages ``{"role": ..., "content": ...}``."""
 
-    Uses the tokenizer's chat template when it has one (None system prompt keeps the
-    template's default), else the raw text.
+
+def prompt_ids(tokenizer: Any, prompt: Prompt, system_prompt: str | None = None,
+               chat_template: bool = True) -> list[int]:
+    """Token ids of ``prompt`` ready for the assistant's reply.
+
+    With ``chat_template`` (the default) and a tokenizer that has a chat template: a string prompt is
+    one user turn, a message list is used as given; ``system_prompt`` (None: the template's default)
+    comes first as a system message. Otherwise the raw text, ``tokenizer(prompt)``.
+
+    Raises:
+        DataError: a message list without a chat template to render it, or a message list that begins
+            with a system message while ``system_prompt`` is given.
     """
-    if getattr(tokenizer, "chat_template", None):
-        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-            {"role": "user", "content": text}
-        ]
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(text)["input_ids"])
+    text, special = _render(tokenizer, prompt, system_prompt, chat_template)
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def problem_ids(tokenizer: Any, problem: Problem, data_cfg: Any) -> list[int]:
+    """:func:`prompt_ids` of a problem under the data config's ``system_prompt`` and ``chat_template``."""
+    return prompt_ids(tokenizer, problem.model_input, data_cfg.system_prompt, getattr(data_cfg, "chat_template", True))
+
+
+def _render(tokenizer: Any, prompt: Prompt, system_prompt: str | None, chat_template: bool) -> tuple[str, bool]:
+    """The text to tokenize, and whether the tokenizer adds its special tokens to it."""
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        if not isinstance(prompt, str):
+            why = "data.chat_template=false" if not chat_template else "the tokenizer has no chat template"
+            raise DataError(f"a prompt is a list of chat messages but {why}: give string prompts, or a model whose "
+                            "tokenizer has a chat template")
+        return prompt, True
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt:
+        if messages[0]["role"] == "system":
+            raise DataError("a prompt's messages begin with a system message and data.system_prompt is set; "
+                            "drop one of them")
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
+
+
+def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: Any) -> tuple[Task, int, int]:
+    """The task without the problems whose prompt, as the model sees it (chat template and system prompt
+    included), is longer than ``data_cfg.max_prompt_tokens`` tokens (0: no limit). Also checks that every
+    prompt renders (message prompts need a chat template).
+
+    Returns:
+        The task (the same object when nothing is dropped; ``task.dropped`` holds the counts) and the
+        numbers of training and eval problems dropped.
+
+    Raises:
+        DataError: every training prompt is too long, or a limit on a generated task (no finite set to filter).
+    """
+    limit = getattr(data_cfg, "max_prompt_tokens", 0) or 0
+    rows = task.train_rows
+    if limit <= 0:
+        chat = next((p for p in (rows or []) + task.eval_problems if p.messages is not None), None)
+        if chat is not None:  # a message prompt the tokenizer cannot render fails now, not at the first rollout
+            _render(tokenizer, chat.model_input, None, getattr(data_cfg, "chat_template", True))
+        return task, 0, 0
+    if rows is None:
+        raise DataError(f"data.max_prompt_tokens={limit} filters data sets read from files (data=jsonl, hf, gsm8k); "
+                        f"data={data_cfg.name} generates its prompts: set data.max_prompt_tokens=0")
+    lengths = _lengths(tokenizer, rows + task.eval_problems, data_cfg)
+    train_len, eval_len = lengths[: len(rows)], lengths[len(rows) :]
+    kept = [p for p, n in zip(rows, train_len) if n <= limit]
+    kept_eval = [p for p, n in zip(task.eval_problems, eval_len) if n <= limit]
+    if not kept:
+        raise DataError(f"data.max_prompt_tokens={limit}: all {len(rows)} training prompts are longer "
+                        f"(the shortest has {min(train_len)} tokens)")
+    dropped = (len(rows) - len(kept), len(task.eval_problems) - len(kept_eval))
+    if dropped == (0, 0):
+        return task, 0, 0
+    out = rows_task(kept, kept_eval, task.seed)
+    out.dropped = dropped
+    return out, *dropped
+
+
+def _lengths(tokenizer: Any, problems: list[Problem], data_cfg: Any) -> list[int]:
+    """Prompt lengths in tokens, as :func:`problem_ids` counts them (tokenized in one batch call)."""
+    rendered = [_render(tokenizer, p.model_input, data_cfg.system_prompt, getattr(data_cfg, "chat_template", True))
+                for p in problems]
+    out = [0] * len(problems)
+    for special in (True, False):
+        idx = [i for i, (_, s) in enumerate(rendered) if s == special]
+        if idx:
+            ids = tokenizer([rendered[i][0] for i in idx], add_special_tokens=special)["input_ids"]
+            for i, x in zip(idx, ids):
+                out[i] = len(x)
+    return out

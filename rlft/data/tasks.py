@@ -6,35 +6,33 @@ import itertools
 import json
 import operator
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlft.data.problem import DataError, Problem, to_problems
 from rlft.paths import user_path
 
+__all__ = ["DataError", "Problem", "Task", "build_task", "rows_task"]
+
 _EVAL_SEED = 20240601  # the held-out split does not depend on the run's seed
-
-
-class DataError(ValueError):
-    """A problem with the user's data; the message names the file and line."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    prompt: str
-    """The user message (before chat templating)."""
-    answer: str
-    """Reference answer passed to reward functions."""
+FILE_TASKS = ("jsonl", "hf", "gsm8k")
+"""Tasks read from a finite data set (the others are generated streams)."""
 
 
 class Task:
     """Training problems drawn by batch index (so a resumed run sees the same data) and eval problems."""
 
-    def __init__(self, train: Callable[[int, int], list[Problem]], eval_problems: list[Problem]):
+    def __init__(self, train: Callable[[int, int], list[Problem]], eval_problems: list[Problem],
+                 rows: list[Problem] | None = None, seed: int = 0):
         self._train = train
         self.eval_problems = eval_problems
+        self.train_rows = rows
+        """The finite training set of a file-based task (None: a generated stream)."""
+        self.seed = seed
+        self.dropped = (0, 0)
+        """Training and eval problems dropped by data.max_prompt_tokens (see rlft.data.chat.drop_long_prompts)."""
 
     def batch(self, index: int, size: int) -> list[Problem]:
         """The ``index``-th training batch of ``size`` problems (deterministic)."""
@@ -120,8 +118,36 @@ def _check_tries(tries: int, max_tries: int | None, wanted: int, what: str) -> N
                         "small (raise data.digits or lower data.num_eval)")
 
 
-def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list[Problem]:
-    """Read a JSONL file (one object per line) or a JSON file holding a list of objects.
+def json_rows(p: Path, text: str, as_list: bool) -> list[tuple[str, Any]]:
+    """``(where, object)`` per row of a JSON list (``as_list``) or of JSON lines.
+
+    Raises:
+        DataError: naming the file and line of invalid JSON.
+    """
+    if as_list:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
+        if not isinstance(data, list):
+            raise DataError(f"{p}: expected a JSON list of objects, got {type(data).__name__}")
+        return [(f"{p} (item {i})", obj) for i, obj in enumerate(data)]
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"{p}:{lineno}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
+    return rows
+
+
+def read_records(path: str | Path, cfg: Any) -> list[Problem]:
+    """Problems of a JSONL file (one object per line) or a JSON file holding a list of objects.
+
+    ``cfg`` (DataConfig): ``prompt_field``, ``answer_field``, ``template`` and the chat settings
+    (see :func:`rlft.data.problem.to_problems`); the row's other fields become the problem's columns.
 
     Raises:
         DataError: naming the file and line (or item) of the first bad row.
@@ -130,54 +156,15 @@ def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list
     if not p.is_file():
         raise DataError(f"{p}: no such file")
     text = p.read_text(encoding="utf-8")
-    rows: list[tuple[str, Any]] = []
-    if p.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{p}:{e.lineno}: invalid JSON ({e.msg})") from None
-        if not isinstance(data, list):
-            raise DataError(f"{p}: expected a JSON list of objects, got {type(data).__name__}")
-        rows = [(f"item {i}", obj) for i, obj in enumerate(data)]
-    else:
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((f"line {lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
-    problems = []
-    for where, obj in rows:
-        loc = f"{p}:{where.split()[-1]}" if where.startswith("line") else f"{p} ({where})"
-        if not isinstance(obj, dict):
-            raise DataError(f"{loc}: expected an object, got {type(obj).__name__}")
-        for fld in (prompt_field, answer_field):
-            if fld not in obj:
-                raise DataError(f"{loc}: missing field '{fld}' (has: {', '.join(obj) or 'nothing'})")
-        prompt, answer = obj[prompt_field], obj[answer_field]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise DataError(f"{loc}: field '{prompt_field}' must be a non-empty string")
-        if not isinstance(answer, (str, int, float)):
-            raise DataError(f"{loc}: field '{answer_field}' must be a string or number")
-        problems.append(Problem(prompt, str(answer)))
+    rows = json_rows(p, text, as_list=p.suffix == ".json")
+    problems = to_problems(rows, cfg)
     if not problems:
         raise DataError(f"{p}: no rows")
     return problems
 
 
-def file_task(cfg: Any, seed: int) -> Task:
-    """Problems from a local JSONL/JSON file; eval from ``eval_path`` or the last rows of ``path``."""
-    rows = read_records(cfg.path, cfg.prompt_field, cfg.answer_field)
-    rows = [Problem(cfg.template.format(prompt=r.prompt), r.answer) for r in rows]
-    if cfg.eval_path:
-        eval_rows = read_records(cfg.eval_path, cfg.prompt_field, cfg.answer_field)[: cfg.num_eval]
-        eval_rows = [Problem(cfg.template.format(prompt=r.prompt), r.answer) for r in eval_rows]
-    else:
-        k = min(cfg.num_eval, len(rows) // 2)
-        rows, eval_rows = rows[: len(rows) - k], rows[len(rows) - k :]
-    if not rows:
-        raise DataError(f"{cfg.path}: no training rows left after the eval split")
+def rows_task(rows: list[Problem], eval_rows: list[Problem], seed: int) -> Task:
+    """A task over a finite training set: epoch after epoch, each in an order drawn from ``(seed, epoch)``."""
 
     def train(index: int, size: int) -> list[Problem]:
         out = []
@@ -187,7 +174,27 @@ def file_task(cfg: Any, seed: int) -> Task:
             out.append(rows[perm[pos]])
         return out
 
-    return Task(train, eval_rows)
+    return Task(train, eval_rows, rows, seed)
+
+
+def split_eval(rows: list[Problem], eval_rows: list[Problem] | None, num_eval: int, source: Any,
+               seed: int) -> Task:
+    """The first ``num_eval`` of ``eval_rows``; without those, the last ``num_eval`` rows (at most half)."""
+    if eval_rows is not None:
+        eval_rows = eval_rows[:num_eval]
+    else:
+        k = min(num_eval, len(rows) // 2)
+        rows, eval_rows = rows[: len(rows) - k], rows[len(rows) - k :]
+    if not rows:
+        raise DataError(f"{source}: no training rows left after the eval split")
+    return rows_task(rows, eval_rows, seed)
+
+
+def file_task(cfg: Any, seed: int) -> Task:
+    """Problems from a local JSONL/JSON file; eval from ``eval_path`` or the last rows of ``path``."""
+    rows = read_records(cfg.path, cfg)
+    eval_rows = read_records(cfg.eval_path, cfg) if cfg.eval_path else None
+    return split_eval(rows, eval_rows, cfg.num_eval, cfg.path, seed)
 
 
 def build_task(cfg: Any, seed: int) -> Task:
@@ -196,8 +203,12 @@ def build_task(cfg: Any, seed: int) -> Task:
         return arithmetic_task(cfg, seed)
     if cfg.name == "jsonl":
         return file_task(cfg, seed)
+    if cfg.name in ("hf", "gsm8k"):
+        from rlft.data.hf import hf_task  # imported here: only these tasks need the datasets library
+
+        return hf_task(cfg, seed)
     if cfg.name == "countdown":
         from rlft.data.countdown import countdown_task  # imported here: it builds on this module
 
         return countdown_task(cfg, seed)
-    raise DataError(f"data.name='{cfg.name}'; valid choices: arithmetic, countdown, jsonl")
+    raise DataError(f"data.name='{cfg.name}'; valid choices: arithmetic, countdown, jsonl, hf, gsm8k")

@@ -5,14 +5,19 @@ A reward function scores one completion::
     def score(prompt: str, completion: str, answer: str, **info) -> float
 
 ``info`` holds ``num_tokens`` (completion length), ``truncated`` (no EOS within the
-budget) and ``max_new_tokens``. Or, TRL's batched signature, all completions of a rollout at once::
+budget), ``max_new_tokens`` and the data row's other columns. Or, TRL's batched signature, all
+completions of a rollout at once::
 
     def score(prompts: list[str], completions: list[str], **columns) -> list[float]
 
-with ``columns`` holding ``answer``, ``num_tokens`` and ``truncated`` as lists (one entry per
-completion) and ``max_new_tokens``. A function is batched exactly when its signature has a
-parameter named ``completions`` (the keyword TRL passes); nothing is inferred from arity or
+with ``columns`` holding ``answer``, ``num_tokens``, ``truncated`` and each data column as lists
+(one entry per completion) and ``max_new_tokens``. A function is batched exactly when its signature
+has a parameter named ``completions`` (the keyword TRL passes); nothing is inferred from arity or
 return values. Several functions combine as a weighted sum.
+
+A score of None means "no score from this function for this sample" (TRL's convention): as in TRL,
+the total is the weighted sum over the functions that did score the sample; a sample no function
+scored is unscored (total NaN), which the trainer leaves out of its group's statistics and the loss.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlft.config import ConfigError
@@ -82,6 +87,8 @@ class Sample:
     answer: str
     num_tokens: int
     truncated: bool
+    columns: dict[str, Any] = field(default_factory=dict)
+    """The data row's other columns (reward keyword arguments)."""
 
 
 def score_samples(
@@ -95,11 +102,13 @@ def score_samples(
             ``reward.on_timeout``).
 
     Returns:
-        The total reward per sample, and each function's raw scores by name.
+        The total reward per sample, and each function's raw scores by name. A None score is NaN in
+        the function's list; a total is the weighted sum over the functions that scored the sample,
+        NaN when none did (the sample is unscored).
 
     Raises:
         RewardError: a function raised, ran past the time limit (without ``on_timeout``), or returned
-            something that is not a finite number.
+            something that is neither a finite number nor None.
     """
     fns = [resolve_reward(n) for n in names]
     per_fn: dict[str, list[float]] = {}
@@ -108,7 +117,10 @@ def score_samples(
             per_fn[name] = _call_batched(name, fn, samples, max_new_tokens, policy)
         else:
             per_fn[name] = _call_each(name, fn, samples, max_new_tokens, policy)
-    totals = [sum(w * per_fn[n][i] for n, w in zip(names, weights)) for i in range(len(samples))]
+    totals = []
+    for i in range(len(samples)):
+        scored = [w * per_fn[n][i] for n, w in zip(names, weights) if not math.isnan(per_fn[n][i])]
+        totals.append(sum(scored) if scored else math.nan)
     return totals, per_fn
 
 
@@ -122,7 +134,9 @@ def is_batched(fn: RewardFn) -> bool:
 
 def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int,
                   policy: CallPolicy) -> list[float]:
-    kwargs = dict(prompts=[s.prompt for s in samples], completions=[s.completion for s in samples],
+    names = dict.fromkeys(k for s in samples for k in s.columns)
+    kwargs = dict({k: [s.columns.get(k) for s in samples] for k in names},
+                  prompts=[s.prompt for s in samples], completions=[s.completion for s in samples],
                   answer=[s.answer for s in samples], num_tokens=[s.num_tokens for s in samples],
                   truncated=[s.truncated for s in samples], max_new_tokens=max_new_tokens)
     where = f"a batch of {len(samples)} completions (first: {_short(samples[0].completion)})"
@@ -142,7 +156,7 @@ def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_to
 def _call_each(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int,
                policy: CallPolicy) -> list[float]:
     calls = [((s.prompt, s.completion, s.answer),
-              {"num_tokens": s.num_tokens, "truncated": s.truncated, "max_new_tokens": max_new_tokens})
+              {**s.columns, "num_tokens": s.num_tokens, "truncated": s.truncated, "max_new_tokens": max_new_tokens})
              for s in samples]
     try:
         values = run_calls(fn, calls, policy, timed_out=policy.on_timeout)
@@ -165,15 +179,14 @@ def _where(index: int, s: Sample) -> str:
 
 def _number(name: str, value: Any, index: int, s: Sample) -> float:
     where = _where(index, s)
-    if value is None:  # TRL's "no score": excluding a sample from its group's statistics is not supported yet
-        raise RewardError(f"reward function '{name}' returned None on {where}; rlft needs a score for every "
-                          "completion (unscored samples are not supported yet)")
+    if value is None:  # TRL's "no score from this function"
+        return math.nan
     try:
         value = float(value)
     except (TypeError, ValueError):
         raise RewardError(f"reward function '{name}' returned {value!r}, not a number, on {where}") from None
     if not math.isfinite(value):
-        raise RewardError(f"reward function '{name}' returned {value} on {where}")
+        raise RewardError(f"reward function '{name}' returned {value} on {where} (return None for no score)")
     return value
 
 

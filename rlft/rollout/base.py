@@ -24,6 +24,10 @@ class SamplingParams:
     seed: int | None = None
     """Seeds this call's sampling (None: continue the sampler's own random stream). The trainer
     derives it from the run seed and the data position, so a resumed run samples the same tokens."""
+    prompt_seeds: tuple[int, ...] | None = None
+    """One seed per prompt (overrides ``seed``): a prompt's completions then depend only on its seed
+    and the weights, not on which other prompts share the call, so the rollout of a step is the same
+    whether one process samples all prompts or each of N ranks samples its share."""
 
 
 @dataclass

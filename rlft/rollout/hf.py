@@ -11,13 +11,15 @@ from torch import Tensor
 from rlft.rollout.base import Generations, SamplingParams
 
 
-def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
+def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                uniforms: Tensor | None = None) -> Tensor:
     """Pick the next token of each row.
 
     Args:
         logits: (B, V) fp32 next-token logits.
         params: Greedy, or temperature / top-k / top-p sampling.
-        generator: Random source for sampling.
+        generator: Random source for sampling (when ``uniforms`` is not given).
+        uniforms: (B,) draws in [0, 1), one per row, on the logits' device.
 
     Returns:
         (B,) token ids.
@@ -36,8 +38,10 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     # Inverse-CDF sampling: torch.multinomial is ~20x slower on (B, 49152) rows on CPU.
-    cdf = torch.softmax(logits, -1).cumsum(-1)
-    u = torch.rand((logits.shape[0], 1), generator=generator, device=logits.device) * cdf[:, -1:]
+    cdf = torch.softmax(logits, -1).double().cumsum(-1)
+    if uniforms is None:
+        uniforms = torch.rand(logits.shape[0], generator=generator, device=logits.device)
+    u = uniforms.double()[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 
@@ -65,15 +69,33 @@ class HFSampler:
         index = [i for i in range(len(prompts)) for _ in range(params.n)]
         completions: list[list[int]] = []
         truncated: list[bool] = []
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed)
+        uniforms = self._uniforms(len(prompts), params)
         for start in range(0, len(rows), self.max_batch):
-            out, cut = self._decode(rows[start : start + self.max_batch], params)
+            out, cut = self._decode(rows[start : start + self.max_batch], params, uniforms[start : start + self.max_batch])
             completions += out
             truncated += cut
         return Generations(index, completions, truncated)
 
-    def _decode(self, rows: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[bool]]:
+    def _uniforms(self, num_prompts: int, params: SamplingParams) -> Tensor:
+        """(rows, max_new_tokens) draws, row r's t-th one picking its t-th token. Drawn up front so a
+        row's tokens do not depend on which rows finish first or share its batch; with per-prompt
+        seeds each row has a stream of its own (prompt seed, row within the group)."""
+        shape = (num_prompts * params.n, params.max_new_tokens)
+        if params.greedy:
+            return torch.zeros(shape, device=self.device)
+        if params.prompt_seeds is None:
+            if params.seed is not None:
+                self.generator.manual_seed(params.seed)
+            return torch.rand(shape, generator=self.generator, device=self.device)
+        if len(params.prompt_seeds) != num_prompts:
+            raise ValueError(f"{len(params.prompt_seeds)} prompt seeds for {num_prompts} prompts")
+        g = torch.Generator()
+        rows = [torch.rand(params.max_new_tokens, generator=g.manual_seed((seed * params.n + j) % 2**63), device="cpu")
+                for seed in params.prompt_seeds for j in range(params.n)]
+        return torch.stack(rows).to(self.device)
+
+    def _decode(self, rows: list[list[int]], params: SamplingParams,
+                uniforms: Tensor) -> tuple[list[list[int]], list[bool]]:
         from transformers import DynamicCache
 
         b, width = len(rows), max(len(r) for r in rows)
@@ -100,7 +122,7 @@ class HFSampler:
         tokens: list[list[int]] = [[] for _ in range(b)]
         finished = [False] * b
         for t in range(params.max_new_tokens):
-            tok = sample_next(logits, params, self.generator)
+            tok = sample_next(logits, params, uniforms=uniforms[alive, t])
             keep = ~torch.isin(tok, self.stop)
             for row, tk, going in zip(alive.tolist(), tok.tolist(), keep.tolist()):
                 tokens[row].append(tk)

@@ -74,6 +74,10 @@ class VLLMSampler:
             # not use offset"): seeds only on GPU; on CPU the engine's own stream (seeded per run) is used.
             seed=params.seed if self.on_gpu else None,
         )
+        if params.prompt_seeds is not None and self.on_gpu:  # one request per prompt, each with its own seed
+            sp = [sp.clone() for _ in prompts]
+            for one, seed in zip(sp, params.prompt_seeds):
+                one.seed = seed
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
                                  lora_request=self.adapter)
         index, completions, truncated, logprobs = [], [], [], []

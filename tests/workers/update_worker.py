@@ -15,18 +15,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlft.batch import RolloutBatch
+from rlft.collection import rank_rows
 from rlft.config import compose
 from rlft.distributed import from_environment
 from rlft.learner import update_policy
 from rlft.run_state import trainable_tensors
 from rlft.trainer import build_components
-
-
-def rank_rows(group_ids: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """This rank's rows: a contiguous share of the groups (a group never spans ranks)."""
-    groups = torch.unique(group_ids)
-    mine = groups.tensor_split(world)[rank]
-    return torch.isin(group_ids, mine).nonzero().squeeze(-1)
 
 
 def main() -> None:

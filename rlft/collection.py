@@ -1,0 +1,206 @@
+"""Rollout collection: sample groups, score them, keep what the algorithm trains on.
+
+Under data parallelism each rank samples and scores its share of the step's prompts (whole
+groups). The rounds are then gathered, so every rank sees the step's whole rollout: dynamic
+sampling's keep/stop decision and the metrics are computed from the same data on every rank,
+as one process would, and each rank trains on a contiguous share of the kept groups. Sampling
+seeds are per prompt (run seed, data position, prompt index), so the rollout is the same
+whatever the world size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlft.algorithms.advantages import informative_groups, soft_overlong_penalty
+from rlft.batch import RolloutBatch, pack
+from rlft.data import Problem
+from rlft.data.chat import problem_ids
+from rlft.distributed import SINGLE, DataParallel
+from rlft.rewards import score_samples
+from rlft.rewards.calls import call_policy
+from rlft.rewards.registry import Sample
+from rlft.rollout import Generations, Sampler, SamplingParams
+
+
+@dataclass
+class Rollout:
+    """A scored rollout ready for advantages, and its metrics.
+
+    Attributes:
+        batch: This rank's share of the kept groups (None: nothing kept anywhere; a batch of 0 rows:
+            other ranks hold every kept group).
+        metrics: Over every completion sampled this step, on all ranks.
+        rows: The kept rows of all ranks (for ``logger.rollouts``).
+    """
+
+    batch: RolloutBatch | None
+    metrics: dict[str, float]
+    rows: list[dict[str, Any]]
+
+
+def prompt_seeds(seed: int, cursor: int, indices: range) -> tuple[int, ...]:
+    """One sampling seed per prompt, from the run seed, the data position and the prompt's index in the batch."""
+    return tuple(((seed * 1_000_003 + cursor) * 65_537 + i) % 2**31 for i in indices)
+
+
+def sampling_params(cfg: Any, cursor: int, indices: range | None = None) -> SamplingParams:
+    """The rollout's sampling settings, seeded per prompt (``indices``: the prompts' places in the global batch)."""
+    s = cfg.sampler
+    indices = range(cfg.trainer.num_prompts) if indices is None else indices
+    return SamplingParams(
+        n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+        seed=(cfg.seed * 1_000_003 + cursor) % 2**31, prompt_seeds=prompt_seeds(cfg.seed, cursor, indices),
+    )
+
+
+@dataclass
+class _Round:
+    prompts: list[list[int]]
+    gens: Generations
+    task_scores: Tensor
+    scores: Tensor
+    per_fn: dict[str, list[float]]
+    generate_s: float
+    reward_s: float
+
+
+def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any, cursor: int,
+                  indices: range) -> _Round:
+    prompts = [problem_ids(tokenizer, p, cfg.data) for p in problems]
+    t0 = time.perf_counter()
+    gens = sampler.generate(prompts, sampling_params(cfg, cursor, indices))
+    t1 = time.perf_counter()
+    texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+    samples = [
+        Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut, problems[i].columns)
+        for i, text, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
+    ]
+    totals, per_fn = score_samples(cfg.reward.fns, cfg.reward.weights, samples, cfg.sampler.max_new_tokens,
+                                   call_policy(cfg.reward))
+    task_scores = torch.tensor(totals, dtype=torch.float32)
+    scores = task_scores
+    a = cfg.algo
+    if a.overlong_penalty:
+        lengths = torch.tensor([len(c) for c in gens.completion_ids])
+        penalty = soft_overlong_penalty(lengths, cfg.sampler.max_new_tokens, a.overlong_cache)
+        scores = task_scores + a.overlong_penalty_factor * penalty
+        per_fn["overlong_penalty"] = penalty.tolist()
+    return _Round(prompts, gens, task_scores, scores, per_fn, t1 - t0, time.perf_counter() - t1)
+
+
+def _merge(parts: list[_Round]) -> _Round:
+    """The ranks' rounds as one, prompts in rank order (the order one process would sample them in)."""
+    if len(parts) == 1:
+        return parts[0]
+    index, offset = [], 0
+    for p in parts:
+        index += [offset + i for i in p.gens.prompt_index]
+        offset += len(p.prompts)
+    lps = [p.gens.logprobs for p in parts]
+    gens = Generations(index, [c for p in parts for c in p.gens.completion_ids],
+                       [t for p in parts for t in p.gens.truncated],
+                       None if any(lp is None for lp in lps) else [x for lp in lps for x in lp])
+    return _Round([x for p in parts for x in p.prompts], gens, torch.cat([p.task_scores for p in parts]),
+                  torch.cat([p.scores for p in parts]),
+                  {k: [v for p in parts for v in p.per_fn[k]] for k in parts[0].per_fn},
+                  max(p.generate_s for p in parts), max(p.reward_s for p in parts))
+
+
+def collect_rollout(c: Any, cfg: Any, dp: DataParallel = SINGLE) -> Rollout:
+    """Sample groups, score them, and (DAPO) keep only informative groups, sampling more rounds
+    until ``trainer.num_prompts`` groups are kept or ``algo.max_sampling_rounds`` is reached.
+
+    ``c`` is the trainer's Components (task, sampler, policy, cursor, device).
+    """
+    a, want = cfg.algo, cfg.trainer.num_prompts
+    share = want // dp.world
+    mine = range(dp.rank * share, (dp.rank + 1) * share)
+    rows: list[tuple[list[int], list[int], bool, float, int, list[float] | None]] = []
+    seen: list[_Round] = []
+    kept = 0
+    while True:
+        problems = c.task.batch(c.cursor, want)
+        own = _sample_round(c.sampler, c.policy.tokenizer, problems[mine.start : mine.stop], cfg, c.cursor, mine)
+        r = _merge(dp.all_gather(own))
+        c.cursor += 1
+        seen.append(r)
+        group_ids = torch.tensor(r.gens.prompt_index)
+        groups = informative_groups(r.task_scores, group_ids) if a.dynamic_sampling else torch.unique(group_ids)
+        for g in groups.tolist():
+            if kept == want:
+                break
+            for j in (group_ids == g).nonzero().squeeze(-1).tolist():
+                lp = r.gens.logprobs[j] if r.gens.logprobs is not None else None
+                rows.append((r.prompts[g], r.gens.completion_ids[j], r.gens.truncated[j], float(r.scores[j]), kept, lp))
+            kept += 1
+        if not a.dynamic_sampling or kept == want or len(seen) >= a.max_sampling_rounds:
+            break
+    metrics = _rollout_metrics(seen)
+    if a.dynamic_sampling:
+        sampled = len(seen) * want
+        metrics.update({"dynamic/rounds": float(len(seen)), "dynamic/kept_frac": float(kept) / sampled,
+                        "dynamic/groups": float(kept)})
+    if not rows:
+        return Rollout(None, metrics, [])
+    logged = [{"group": g, "prompt_ids": p, "completion_ids": comp, "score": s, "truncated": t}
+              for p, comp, t, s, g, _ in rows]
+    batch = _pack_rows(rows, c.policy.tokenizer.pad_token_id, cfg)
+    if dp.active:
+        batch = batch.select(rank_rows(batch.group_ids, dp.rank, dp.world))
+    return Rollout(batch.to(c.device), metrics, logged)
+
+
+def rank_rows(group_ids: Tensor, rank: int, world: int) -> Tensor:
+    """A rank's rows: a contiguous share of the groups (a group never spans ranks)."""
+    mine = torch.unique(group_ids).tensor_split(world)[rank]
+    return torch.isin(group_ids, mine).nonzero().squeeze(-1)
+
+
+def _pack_rows(rows: list[tuple], pad_id: int, cfg: Any) -> RolloutBatch:
+    prompts, comps, cut, scores, gid, lps = (list(x) for x in zip(*rows))
+    input_ids, start, length, mask = pack(prompts, comps, pad_id)
+    batch = RolloutBatch(
+        input_ids, start, length, mask, torch.tensor(gid), torch.tensor(scores, dtype=torch.float32),
+        torch.tensor(cut, dtype=torch.bool),
+    )
+    if all(lp is not None for lp in lps) and untruncated(cfg.sampler):
+        batch.sampler_logp = torch.zeros_like(mask)
+        for i, lp in enumerate(lps):
+            batch.sampler_logp[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    return batch
+
+
+def untruncated(s: Any) -> bool:
+    """Sampling from the full softmax: only then do the sampler's log-probs (vLLM reports them after
+    top-p/top-k, renormalised over the kept tokens) compare with the learner's over the whole vocabulary."""
+    return s.top_p >= 1.0 and s.top_k <= 0
+
+
+def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
+    """Over every completion sampled this step (kept or not)."""
+    scores = torch.cat([r.scores for r in rounds])
+    scored = scores[scores.isfinite()]  # NaN: unscored (every reward function returned None)
+    lengths = [len(x) for r in rounds for x in r.gens.completion_ids]
+    tokens = float(sum(lengths))
+    out = {
+        "reward/mean": float(scored.mean()) if scored.numel() else float("nan"),
+        "reward/std": float(scored.std()) if scored.numel() > 1 else 0.0,
+        "reward/unscored_frac": 1.0 - scored.numel() / scores.numel(),
+        "tokens/generated": tokens,
+        "response/mean_length": tokens / len(lengths),
+        "response/truncated_frac": float(np.mean([t for r in rounds for t in r.gens.truncated])),
+        "time/generate_s": sum(r.generate_s for r in rounds),
+        "time/reward_s": sum(r.reward_s for r in rounds),
+        "throughput/tokens_per_s": tokens / max(sum(r.generate_s for r in rounds), 1e-9),
+    }
+    for name in rounds[0].per_fn:
+        values = np.array([v for r in rounds for v in r.per_fn[name]], dtype=float)
+        out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)])) if not np.isnan(values).all() else float("nan")
+    return out

@@ -1,0 +1,65 @@
+"""``trainer.nproc=N``: start N ranks of a job on this machine through torch's own launcher
+(the elastic agent behind ``torchrun --standalone``), each running ``python -m rlft train`` with
+the job's overrides and its run directory. The job waits for them and takes their outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+# Flags that name the config to compose; each rank needs them too.
+CONFIG_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
+
+
+def rank_args(overrides: list[str], flags: list[str], run_dir: Path) -> list[str]:
+    """``rlft train`` arguments for each rank: the config flags, the job's overrides, its directory."""
+    keep: list[str] = []
+    for i, f in enumerate(flags):
+        if f in CONFIG_FLAGS and i + 1 < len(flags):
+            keep += [f, flags[i + 1]]
+    own = [o for o in overrides if not o.lstrip("+~").startswith("hydra.run.dir=")]
+    return ["-m", "rlft", "train", *keep, *own, f"hydra.run.dir={run_dir}"]
+
+
+def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
+    """Run ``python ARGS`` as ``nproc`` ranks (gloo/NCCL rendezvous on localhost).
+
+    Returns:
+        The exit code (0, or the lowest failing rank's code) and the final ``eval/accuracy`` (NaN if none).
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    try:
+        elastic_launch(config, sys.executable)(*args)
+        code = 0
+    except ChildFailedError as e:  # each rank printed its own one-line error
+        code = e.failures[min(e.failures)].exitcode
+        code = code if code > 0 else 128 - code  # killed by signal -s: the shell's 128 + s
+    except SignalException as e:  # Ctrl-C / SIGTERM: the agent passed it to the ranks, which saved
+        code = 128 + int(e.sigval)
+    return code, _final_accuracy(run_dir)
+
+
+def _final_accuracy(run_dir: Path) -> float:
+    from rlft.tracking import read_metrics
+
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+    value: Any = records[-1]["eval/accuracy"] if records else math.nan
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def rank_status(run_dir: Path) -> dict[str, Any]:
+    """The job.json rank 0 wrote (empty when it wrote none)."""
+    try:
+        return json.loads((run_dir / "job.json").read_text())
+    except (OSError, ValueError):
+        return {}

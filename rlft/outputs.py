@@ -1,0 +1,92 @@
+"""Where a run's output goes: the console, metrics.jsonl, the run log, plots and checkpoints.
+
+Under data parallelism every rank runs the training loop and takes part in its collectives,
+but only rank 0 writes: the other ranks' :class:`Outputs` say and write nothing. This is the
+one place that decides by rank what a run writes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlft import run_state
+from rlft.distributed import DataParallel
+from rlft.plots import plot_run
+from rlft.tracking import Tracker, keep_metrics_through
+
+
+@dataclass
+class Outputs:
+    """A run's writer (``tracker`` None: a rank that writes nothing)."""
+
+    run_dir: Path
+    cfg: Any
+    resolved_yaml: str
+    tracker: Tracker | None
+
+    @staticmethod
+    def open(dp: DataParallel, run_dir: Path, cfg: Any, resolved_yaml: str, start: int,
+             resume: Path | None) -> Outputs:
+        """Start (or, resuming at ``start``, continue) the run's files; on ranks other than 0, a silent writer."""
+        if not dp.main:
+            return Outputs(run_dir, cfg, resolved_yaml, None)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        source = resume.parent.parent / "metrics.jsonl" if resume is not None else None
+        keep_metrics_through(run_dir / "metrics.jsonl", start if resume is not None else -1, source)
+        _keep_rollouts_through(run_dir / "rollouts.jsonl", start if resume is not None else 0)
+        (run_dir / "config.yaml").write_text(resolved_yaml)
+        tracker = Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, _as_dict(resolved_yaml), start)
+        return Outputs(run_dir, cfg, resolved_yaml, tracker)
+
+    def info(self, message: str) -> None:
+        if self.tracker is not None:
+            self.tracker.info(message)
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        if self.tracker is not None:
+            self.tracker.log_step(step, metrics)
+
+    def log_rollout(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """With ``logger.rollouts``: the step's kept rows (every rank's) to rollouts.jsonl."""
+        if self.tracker is None or not self.cfg.logger.rollouts:
+            return
+        with (self.run_dir / "rollouts.jsonl").open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+
+    def save(self, c: Any, step: int, metrics: dict[str, float]) -> Path:
+        """Checkpoint after ``step`` (a collective: every rank calls it; rank 0 writes)."""
+        return run_state.save(c, self.run_dir, step, self.resolved_yaml, self.cfg.trainer.keep_last, metrics)
+
+    def write_snapshot(self, c: Any, step: int, snap: Any) -> Path | None:
+        """Write a :class:`rlft.failure.Snapshot` as the checkpoint of ``step``, without collectives."""
+        if self.tracker is None:
+            return None
+        return run_state.write(c, self.run_dir, step, snap.tensors, snap.state, self.resolved_yaml,
+                               self.cfg.trainer.keep_last)
+
+    def close(self, finished: bool = False) -> None:
+        if self.tracker is None:
+            return
+        self.tracker.close()
+        if finished:
+            plot_run(self.run_dir)
+
+
+def _keep_rollouts_through(path: Path, step: int) -> None:
+    """Resuming at ``step`` (0: a fresh start): drop rows logged after it, so no step appears twice."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def _as_dict(resolved_yaml: str | None) -> dict:
+    if not resolved_yaml:
+        return {}
+    import yaml
+
+    return json.loads(json.dumps(yaml.safe_load(resolved_yaml)))

@@ -1,0 +1,118 @@
+"""Whole runs on several ranks (real processes, gloo on the CPU, the tiny model, hf sampler):
+the same rollouts and weights whatever the world size, two nodes meeting at a loopback
+rendezvous, and a rank killed mid-run that the others survive with a checkpoint to resume from."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow  # each run starts 1-2 processes that load torch and the model (~10-20 s)
+
+STEPS = 3
+# DAPO with one sampling round per step: about half the groups (odd answers) score all 0 and are
+# dropped, so the cap is hit and the kept groups split unevenly over two ranks (or all on one).
+ARGS = ["sampler=hf", "model=tiny", "model.dtype=fp32", "trainer.threads=1", f"trainer.steps={STEPS}",
+        "trainer.num_prompts=4", "sampler.n=4", "sampler.max_new_tokens=8", "algo=dapo", "algo.overlong_filter=false",
+        "algo.max_sampling_rounds=1", "reward.fns=[tests.helpers:char_count_on_even]", "data.num_eval=4",
+        "trainer.eval_every=0", "logger.rollouts=true", "optim.lr=1e-2", "logger.console=false"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    return dict(env, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
+
+
+def _rlft(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlft", "train", *args], cwd=ROOT, env=env or _env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def _final(run: Path, step: int = STEPS) -> dict:
+    return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "trainable.safetensors"))
+
+
+def _rollouts(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+
+
+def _assert_same_weights(a: dict, b: dict, tol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        rel = float((a[k] - b[k]).norm() / a[k].norm().clamp(min=1e-12))
+        assert rel <= tol, f"{k}: |a - b| / |a| = {rel:.2e}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """One process with all 4 prompts, and 2 ranks with 2 prompts each (trainer.nproc=2: torch's launcher)."""
+    root = tmp_path_factory.mktemp("dp")
+    out = {"one": root / "one", "two": root / "two"}
+    r = _rlft(*ARGS, f"hydra.run.dir={out['one']}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _rlft(*ARGS, "trainer.nproc=2", f"hydra.run.dir={out['two']}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def test_world_size_does_not_change_rollouts_or_weights(runs):
+    one, two = _rollouts(runs["one"]), _rollouts(runs["two"])
+    assert one == two  # token-identical rollouts (and scores) in every step
+    metrics = [json.loads(x) for x in (runs["two"] / "metrics.jsonl").read_text().splitlines() if '"step": 0' not in x]
+    kept = [m["dynamic/groups"] for m in metrics]
+    assert len(kept) == STEPS and min(kept) < 4, f"the dynamic-sampling cap must be hit at least once: {kept}"
+    assert any(k % 2 for k in kept), f"some step must split its groups unevenly over the two ranks: {kept}"
+    assert {r["step"] for r in two} == set(range(1, STEPS + 1))
+    a, b = _final(runs["one"]), _final(runs["two"])
+    assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k)  # the adapter did move
+    _assert_same_weights(a, b)
+    state = json.loads((runs["two"] / "checkpoints" / f"step_{STEPS:06d}" / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and len(state["rank_rngs"]) == 1  # every rank's random state is saved
+    assert not (runs["two"] / "checkpoints" / f"step_{STEPS:06d}" / "rank1").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_at_a_loopback_rendezvous_equal_one_node(runs, tmp_path):
+    port, run = _free_port(), tmp_path / "nodes"
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-id", "rlft-test", "--rdzv-conf", f"is_host={int(node == 0)}",
+               "-m", "rlft", "train", *ARGS, f"hydra.run.dir={run}"]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    for code, err in results:
+        assert code == 0, err[-3000:]
+    assert _rollouts(run) == _rollouts(runs["two"])
+    _assert_same_weights(_final(runs["two"]), _final(run))
+
+
+def test_a_rank_killed_mid_run_stops_all_and_resume_continues_exactly(runs, tmp_path):
+    run = tmp_path / "killed"
+    # rank 1 kills itself (SIGKILL) while scoring step 3 (8 reward calls per step on each rank)
+    r = _rlft(*ARGS, "trainer.nproc=2", f"hydra.run.dir={run}", env=_env(RLFT_TEST_KILL_RANK="1",
+                                                                        RLFT_TEST_KILL_AFTER="20"))
+    assert r.returncode != 0
+    assert "another rank stopped" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    saved = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert saved == ["step_000002"], saved  # the last completed step, written by rank 0 alone
+    r = _rlft(*ARGS, "trainer.nproc=2", f"hydra.run.dir={run}", "trainer.resume=auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    _assert_same_weights(_final(runs["two"]), _final(run))
+    assert _rollouts(run) == _rollouts(runs["two"])  # steps 1-2 from the first attempt, 3 from the resumed one
