@@ -126,6 +126,8 @@ def _rank_overrides(overrides: list[str]) -> list[str]:
     """Under torchrun: join the process group now, so that the ranks can agree on rank 0's run
     directory (``${now:}`` in ``hydra.run.dir`` resolves on each rank at its own second); the other
     ranks give Hydra a scratch directory and write no ``.hydra`` of their own."""
+    import atexit
+    import shutil
     import tempfile
 
     from rlft.distributed import from_environment
@@ -133,6 +135,7 @@ def _rank_overrides(overrides: list[str]) -> list[str]:
     if from_environment().main:
         return overrides
     scratch = tempfile.mkdtemp(prefix="rlft-rank-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir=", "hydra.output_subdir="))]
     return [*own, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
 

@@ -116,3 +116,29 @@ def test_a_rank_killed_mid_run_stops_all_and_resume_continues_exactly(runs, tmp_
     assert r.returncode == 0, r.stderr[-3000:]
     _assert_same_weights(_final(runs["two"]), _final(run))
     assert _rollouts(run) == _rollouts(runs["two"])  # steps 1-2 from the first attempt, 3 from the resumed one
+
+
+def test_a_sweep_gives_each_job_its_ranks(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "-m", "rlft", "train", "-m", *ARGS, "trainer.steps=1", "trainer.nproc=2",
+                        "seed=1,2", f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for job in ("0", "1"):
+        status = json.loads((sweep / job / "job.json").read_text())
+        assert status["status"] == "ok" and "trainer.nproc=2" in status["overrides"]
+        state = json.loads((sweep / job / "checkpoints" / "step_000001" / "trainer_state.json").read_text())
+        assert state["world_size"] == 2
+    assert _rollouts(sweep / "0") != _rollouts(sweep / "1")  # each job ran its own seed
+
+
+def test_each_rank_runs_its_own_vllm_engine(tmp_path):
+    pytest.importorskip("vllm")
+    run = tmp_path / "vllm"
+    r = _rlft("model=tiny", "sampler=vllm", "sampler.vllm.kv_cache_gb=0.25", "sampler.vllm.max_model_len=256",
+              "trainer.steps=2", "trainer.num_prompts=2", "sampler.n=2", "sampler.max_new_tokens=8", "data.num_eval=2",
+              "trainer.nproc=2", "trainer.threads=1", "logger.rollouts=true", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "x 2 ranks" in (run / "train.log").read_text()
+    rows = _rollouts(run)
+    assert {row["group"] for row in rows if row["step"] == 1} == {0, 1}  # one group from each rank's engine

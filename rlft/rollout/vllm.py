@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlft.distributed import launched
 from rlft.rollout.base import Generations, SamplingParams, scratch_dir
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -34,6 +35,11 @@ class VLLMSampler:
         self.serves_adapter = v.sync == "adapter"
         kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else (0 if self.on_gpu else 2)
         extra: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_gb * 2**30)} if kv_gb > 0 else {}
+        if launched():
+            # Under torchrun each rank holds its own engine: vLLM then joins the process group rlft
+            # already set up (tensor-parallel groups of tensor_parallel_size ranks within it), as
+            # TRL's colocated mode does, instead of starting a one-process world of its own.
+            extra["distributed_executor_backend"] = "external_launcher"
         if self.serves_adapter:
             rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
             extra.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
