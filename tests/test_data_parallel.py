@@ -26,7 +26,9 @@ BASE = [*TINY, "model.dtype=fp32", "trainer.threads=1", "optim.lr=1e-2", "traine
 ALGOS = {
     "grpo": ["algo=grpo", "algo.beta=0.04"],
     # token-mean over ranks whose token counts differ, two epochs of two mini-batches
-    "dapo": ["algo=dapo", "algo.overlong_filter=false", "algo.ppo_epochs=2", "algo.num_mini_batches=2"],
+    # (lr 1e-3: four AdamW steps at 1e-2 amplified the gradient sum's rounding to 2e-5 on one tensor, measured;
+    # AdamW's first steps divide near-zero gradients by their own size)
+    "dapo": ["algo=dapo", "algo.overlong_filter=false", "algo.ppo_epochs=2", "algo.num_mini_batches=2", "optim.lr=1e-3"],
     "ppo": ["algo=ppo", "algo.num_mini_batches=2", "algo.value_clip=0", "algo.critic_lr=1e-2"],
 }
 
