@@ -236,9 +236,8 @@ def _peer_lost(e: BaseException) -> bool:
     """A collective failed because another rank is gone (its error, kill -9, a lost node)."""
     import torch.distributed as dist
 
-    return isinstance(e, (dist.DistError, RuntimeError)) and any(
-        s in str(e) for s in ("Connection closed", "Connection reset", "Broken pipe", "NCCL", "Gloo", "gloo",
-                              "timed out", "Socket"))
+    return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and any(
+        s in str(e) for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
 
 
 def _first_line(e: BaseException) -> str:
@@ -257,8 +256,8 @@ def _run_ranks(nproc: int, overrides: list[str], run_dir: Path, in_sweep: bool, 
         _write_status(run_dir, status, t0)
     if code == 0:
         return result
-    if code == 130 and not in_sweep:
-        raise SystemExit(130)
+    if code in (130, 143) and in_sweep:  # Ctrl-C / SIGTERM stops the whole sweep, as without trainer.nproc
+        raise KeyboardInterrupt
     if in_sweep:  # the sweep summary counts it from job.json
         return math.nan
     raise SystemExit(code)

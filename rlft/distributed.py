@@ -74,16 +74,19 @@ class DataParallel:
         return box[0]
 
     def sum_gradients(self, params: list[Tensor]) -> None:
-        """Replace each parameter's gradient by its sum over ranks (a rank without one counts 0)."""
+        """Replace each parameter's gradient by its sum over ranks (a rank without one counts 0). A
+        parameter that has a gradient on no rank keeps none, as in one process (AdamW skips it)."""
         if not self.active:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        present = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device,
+                               dtype=grads[0].dtype)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [present])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
+        offset, anywhere = 0, flat[-len(params):].tolist()
+        for p, has in zip(params, anywhere):
             n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p).clone() if has else None
             offset += n
 
 

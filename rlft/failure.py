@@ -72,7 +72,7 @@ def save_on_failure(c: Any, out: Any, done: int, saved_step: int, snap: Snapshot
 class GracefulStop:
     """The first Ctrl-C (or SIGTERM) finishes the current step, checkpoints and stops; a second one aborts."""
 
-    def __init__(self, out: Any = None):
+    def __init__(self) -> None:
         self.requested = False
         self._previous: dict[int, Any] = {}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -36,13 +37,19 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # The agent passes a signal on and kills the ranks shutdown_timeout s later (30 by default): long
+    # enough for a rank to finish its step and for rank 0 to write a checkpoint.
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, shutdown_timeout=600)
+    # As torchrun does, but with this machine's cores split over the ranks rather than 1 thread each.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    (run_dir / "job.json").unlink(missing_ok=True)  # an earlier attempt's status is not this one's
     try:
         elastic_launch(config, sys.executable)(*args)
         code = 0
-    except ChildFailedError as e:  # each rank printed its own one-line error
-        code = e.failures[min(e.failures)].exitcode
+    except ChildFailedError as e:  # each rank printed its own one-line error; the first to fail is the cause
+        _, first = e.get_first_failure()
+        code = first.exitcode
         code = code if code > 0 else 128 - code  # killed by signal -s: the shell's 128 + s
     except SignalException as e:  # Ctrl-C / SIGTERM: the agent passed it to the ranks, which saved
         code = 128 + int(e.sigval)

@@ -351,7 +351,7 @@ def update_policy(
         if stop:
             break
     optimizer.zero_grad(set_to_none=True)  # gradients would otherwise hold device memory through the rollout
-    out = acc.means(dp)
+    out = acc.means(params[0].device, dp)
     out["loss"] = float(torch.stack(losses).mean()) if losses else 0.0
     out["grad_norm"] = float(torch.stack(norms).mean()) if norms else 0.0
     out["lr"] = optimizer.param_groups[0]["lr"]
@@ -414,20 +414,27 @@ class _MetricSums:
                 self.sums[k] = self.sums[k] + v * tokens if k in self.sums else v * tokens
         self.weight = tokens if self.weight is None else self.weight + tokens
 
-    def means(self, dp: DataParallel = SINGLE) -> dict[str, float]:
-        """Token-weighted means over every rank's micro-batches (a rank that had none adds nothing)."""
-        keys = sorted(self.sums)
-        if dp.active:  # every rank ran the same metrics unless it had no rows at all
-            keys = sorted({k for ks in dp.all_gather(keys) for k in ks})
-        if not keys:
-            return {}
-        zero = torch.zeros((), device=self.weight.device if self.weight is not None else "cpu")
-        sums = dp.sum_(torch.stack([self.sums.get(k, zero) for k in keys] + [self.weight if self.weight is not None
-                                                                             else zero]))
-        out = dict(zip(keys, (sums[:-1] / sums[-1].clamp(min=1.0)).tolist()))
-        if self.maxes:
-            maxes = dp.max_(torch.stack([self.maxes[k] for k in sorted(self.maxes)]))
-            out.update(zip(sorted(self.maxes), maxes.tolist()))
+    def means(self, device: torch.device, dp: DataParallel = SINGLE) -> dict[str, float]:
+        """Token-weighted means over every rank's micro-batches (a rank that had none adds nothing).
+
+        ``device``: where the reduced tensors live (the parameters'), also on a rank without rows, so
+        that every rank's collective runs on the same backend.
+        """
+        keys, max_keys = sorted(self.sums), sorted(self.maxes)
+        if dp.active:  # a metric may exist on some ranks only (a rank without rows, or without such rows)
+            parts = dp.all_gather((keys, max_keys))
+            keys = sorted({k for ks, _ in parts for k in ks})
+            max_keys = sorted({k for _, ks in parts for k in ks})
+        out: dict[str, float] = {}
+        if keys:
+            zero = torch.zeros((), device=device)
+            weight = self.weight if self.weight is not None else zero
+            sums = dp.sum_(torch.stack([self.sums.get(k, zero) for k in keys] + [weight]))
+            out.update(zip(keys, (sums[:-1] / sums[-1].clamp(min=1.0)).tolist()))
+        if max_keys:
+            low = torch.full((), float("-inf"), device=device)
+            maxes = dp.max_(torch.stack([self.maxes.get(k, low) for k in max_keys]))
+            out.update(zip(max_keys, maxes.tolist()))
         return out
 
 

@@ -70,9 +70,13 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
     if cfg.trainer.num_prompts % dp.world:
         raise ConfigError(f"trainer.num_prompts={cfg.trainer.num_prompts} must be a multiple of the {dp.world} ranks "
                           "(each rank samples whole groups)")
+    if dp.active and cfg.trainer.device.startswith("cuda:"):
+        raise ConfigError(f"trainer.device={cfg.trainer.device} under torchrun would put every rank on one GPU; "
+                          "use trainer.device=cuda (or auto): each rank takes cuda:LOCAL_RANK")
     device = resolve_device(cfg.trainer.device, local_rank() if dp.active else None)
-    precision = (Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
-                 else resolve_precision(cfg.model, device.type))
+    # Rank 0 decides (auto times GEMMs, which ranks sharing the cores would each time differently).
+    precision = dp.broadcast((Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
+                              else resolve_precision(cfg.model, device.type)) if dp.main else None)
     cfg.model.dtype = precision.dtype
     quiet_libraries()
     seed_everything(cfg.seed)
@@ -127,7 +131,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
     _announce(out, c, cfg, run_dir, resume, harmless)
     saved_step = start if resume is not None else -1
     done, snap = start, failure.capture(c)
-    with failure.GracefulStop(out) as stop:
+    with failure.GracefulStop() as stop:
         try:
             if cfg.trainer.eval_at_start and resume is None and c.task.eval_problems:
                 last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, dp)

@@ -128,7 +128,7 @@ def gae_estimator(inputs: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
         raise ValueError("the gae estimator needs token_rewards and values (a critic)")
     adv, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
-        adv = masked_whiten(adv, inputs.mask, reduce=inputs.reduce or (lambda t: t))
+        adv = masked_whiten(adv, inputs.mask, reduce=inputs.reduce) if inputs.reduce else masked_whiten(adv, inputs.mask)
     return adv, returns
 
 

@@ -66,13 +66,33 @@ def smollm2_dir() -> Path:
     model.is_quantized = False
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    save_model_dir(model, tok, tmp)
     try:
         os.rename(tmp, target)
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def save_model_dir(model: Any, tokenizer: Any, path: str | Path) -> None:
+    """Write ``model`` and ``tokenizer`` as a regular HF directory (config, generation config,
+    model.safetensors, tokenizer files).
+
+    Not ``model.save_pretrained``: once torch.distributed is initialised it writes on rank 0 only,
+    and each rank may need its own copy (its own vLLM engine, or a cache it builds first).
+    """
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(path)
+    model.generation_config.save_pretrained(path)
+    seen: set[int] = set()
+    tensors = {}
+    for name, t in model.state_dict().items():  # a tied weight once, under its first name (the embedding's)
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            tensors[name] = t.detach().contiguous()
+    save_file(tensors, f"{path}/model.safetensors", metadata={"format": "pt"})
+    tokenizer.save_pretrained(path)
 
 
 def model_dir(cfg: Any) -> Path:

@@ -115,20 +115,9 @@ def _model_dir(model_cfg: Any, model: Any, tokenizer: Any) -> str:
 
         return str(smollm2_dir())
     tmp = scratch_dir("rlft-vllm-model-")
-    # Not model.save_pretrained: under torch.distributed it writes on rank 0 only, and every rank
-    # needs its own copy for its own engine.
-    from safetensors.torch import save_file
+    from rlft.models.loading import save_model_dir
 
-    model.config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    seen: set[int] = set()
-    tensors = {}
-    for name, t in model.state_dict().items():  # a tied weight once, under its first name (the embedding's)
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            tensors[name] = t.detach().contiguous()
-    save_file(tensors, f"{tmp}/model.safetensors", metadata={"format": "pt"})
-    tokenizer.save_pretrained(tmp)
+    save_model_dir(model, tokenizer, tmp)
     return tmp
 
 

@@ -35,6 +35,11 @@ class VLLMSampler:
         self.serves_adapter = v.sync == "adapter"
         kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else (0 if self.on_gpu else 2)
         extra: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_gb * 2**30)} if kv_gb > 0 else {}
+        if launched() and v.tensor_parallel_size > 1:  # each rank samples its own prompts; TP ranks must share them
+            from rlft.config import ConfigError
+
+            raise ConfigError("sampler.vllm.tensor_parallel_size > 1 under torchrun is not supported: each rank "
+                              "samples its own prompts with its own engine (use one GPU per engine)")
         if launched():
             # Under torchrun each rank holds its own engine: vLLM then joins the process group rlft
             # already set up (tensor-parallel groups of tensor_parallel_size ranks within it), as
