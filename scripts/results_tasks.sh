@@ -66,7 +66,7 @@ timings = dict(l.split() for l in (out / "timings.txt").read_text().splitlines()
 base = json.loads((out / "gsm8k_base.json").read_text())
 print(f"gsm8k base, {base['problems']} problems, greedy: {base['eval/accuracy']:.3f} "
       f"(mean {base['eval/mean_tokens']:.0f} tokens; {int(timings['gsm8k_base']) / 60:.1f} min)")
-print("| task | base accuracy (n) | after budget | steps | reward/mean first -> last | train min | eval s start/end | wall min | dtype |")
+print("| task | base accuracy | after budget | steps (with an update) | reward/mean first -> last | train min | final eval s | wall min | dtype |")
 for name in ("gsm8k", "countdown", "arith3"):
     rows = [json.loads(l) for l in (out / name / "metrics.jsonl").read_text().splitlines() if l.strip()]
     first = next(r for r in rows if r.get("step") == 0)
@@ -76,8 +76,9 @@ for name in ("gsm8k", "countdown", "arith3"):
     train_min = sum(r.get("time/step_s", 0.0) for r in steps) / 60
     log = (out / name / "train.log").read_text()
     dtype = re.search(r"model\.dtype=auto: (\w+)", log)
-    print(f"| {name} | {first['eval/accuracy']:.3f} | {last['eval/accuracy']:.3f} | {last['step']} | "
+    updates = sum(1 for r in steps if r.get("update/skipped") == 0.0)
+    print(f"| {name} | {first['eval/accuracy']:.3f} | {last['eval/accuracy']:.3f} | {last['step']} ({updates}) | "
           f"{rewards[0]:.3f} -> {rewards[-1]:.3f} | {train_min:.1f} | "
-          f"{first.get('time/eval_s', float('nan')):.0f}/{last.get('time/eval_s', float('nan')):.0f} | "
+          f"{last.get('time/eval_s', float('nan')):.0f} | "
           f"{int(timings[name]) / 60:.1f} | {dtype.group(1) if dtype else '?'} |")
 EOF
