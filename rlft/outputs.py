@@ -1,8 +1,9 @@
 """Where a run's output goes: the console, metrics.jsonl, the run log, plots and checkpoints.
 
 Under data parallelism every rank runs the training loop and takes part in its collectives,
-but only rank 0 writes: the other ranks' :class:`Outputs` say and write nothing. This is the
-one place that decides by rank what a run writes.
+but only rank 0 writes: the other ranks' :class:`Outputs` say and write nothing. The trainer
+decides nothing by rank itself; besides this module, only ``run_state.save`` (every rank gathers
+its random state, rank 0 writes) and the app's ``job.json`` (rank 0) do.
 """
 
 from __future__ import annotations
