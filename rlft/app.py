@@ -131,13 +131,14 @@ def _rank_overrides(overrides: list[str]) -> list[str]:
     import tempfile
 
     from rlft.distributed import from_environment
+    from rlft.launch import without
 
     if from_environment().main:
         return overrides
     scratch = tempfile.mkdtemp(prefix="rlft-rank-")
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-    own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir=", "hydra.output_subdir="))]
-    return [*own, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
+    return [*without(overrides, "hydra.run.dir", "hydra.output_subdir"), f"hydra.run.dir={scratch}",
+            "hydra.output_subdir=null"]
 
 
 def _hydra_main() -> None:
@@ -164,6 +165,7 @@ def task(raw: Any) -> float:
     from rlft.cli import user_errors
     from rlft.config.loading import to_config
     from rlft.distributed import from_environment, launched
+    from rlft.launch import final_accuracy
     from rlft.rewards import RewardError
     from rlft.trainer import train
 
@@ -180,8 +182,7 @@ def task(raw: Any) -> float:
             return _run_ranks(cfg.trainer.nproc, list(hc.overrides.task), run_dir, in_sweep, status, t0)
         _check_nproc(cfg.trainer.nproc)
         metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
-        accuracy = metrics.get("eval/accuracy")
-        result = float(accuracy) if isinstance(accuracy, (int, float)) else math.nan
+        result = final_accuracy(metrics)
     except (user_errors() + (RewardError,)) as e:
         code = 1 if isinstance(e, RewardError) and not isinstance(e, user_errors()) else 2
         status.update(status="failed", exit_code=code, error=str(e))

@@ -23,15 +23,19 @@ def rank_args(overrides: list[str], flags: list[str], run_dir: Path) -> list[str
     for i, f in enumerate(flags):
         if f in CONFIG_FLAGS and i + 1 < len(flags):
             keep += [f, flags[i + 1]]
-    own = [o for o in overrides if not o.lstrip("+~").startswith("hydra.run.dir=")]
-    return ["-m", "rlft", "train", *keep, *own, f"hydra.run.dir={run_dir}"]
+    return ["-m", "rlft", "train", *keep, *without(overrides, "hydra.run.dir"), f"hydra.run.dir={run_dir}"]
+
+
+def without(overrides: list[str], *keys: str) -> list[str]:
+    """``overrides`` less those that set one of ``keys`` (with or without a ``+``/``~`` prefix)."""
+    return [o for o in overrides if o.lstrip("+~").partition("=")[0] not in keys]
 
 
 def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
     """Run ``python ARGS`` as ``nproc`` ranks (gloo/NCCL rendezvous on localhost).
 
     Returns:
-        The exit code (0, or the lowest failing rank's code) and the final ``eval/accuracy`` (NaN if none).
+        The exit code (0, or the code of the rank that failed first) and the final ``eval/accuracy`` (NaN if none).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -60,7 +64,12 @@ def _final_accuracy(run_dir: Path) -> float:
     from rlft.tracking import read_metrics
 
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
-    value: Any = records[-1]["eval/accuracy"] if records else math.nan
+    return final_accuracy(records[-1] if records else {})
+
+
+def final_accuracy(metrics: dict[str, Any]) -> float:
+    """A job's result for sweepers: its last ``eval/accuracy`` (NaN when it has none)."""
+    value = metrics.get("eval/accuracy")
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 

@@ -28,7 +28,7 @@ def prepare_batch(c: Any, batch: RolloutBatch, cfg: Any) -> dict[str, float]:
     ``c`` is the trainer's Components (policy, critic, adapted coefficients, ``dp``).
     """
     a, temp, micro = cfg.algo, cfg.sampler.temperature, cfg.trainer.micro_batch_size
-    policy, dp = c.policy, getattr(c, "dp", SINGLE)
+    policy, dp = c.policy, c.dp
     t0 = time.perf_counter()
     if a.overlong_filter:
         batch.response_mask = batch.response_mask * (~batch.truncated).float()[:, None]
@@ -77,7 +77,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, dp: DataPa
 
 def adapt_coefficients(c: Any, batch: RolloutBatch, cfg: Any, metrics: dict[str, float]) -> None:
     """After an update: PPO-Penalty's beta from the new KL(old || new), and the adaptive in-reward KL coef."""
-    a, dp = cfg.algo, getattr(c, "dp", SINGLE)
+    a, dp = cfg.algo, c.dp
     if a.policy_loss == "kl_penalty":
         new_logp = batch_logprobs(c.policy, c.policy.model, batch, cfg.sampler.temperature,
                                   cfg.trainer.micro_batch_size)

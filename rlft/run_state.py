@@ -19,7 +19,6 @@ from torch import Tensor
 
 from rlft import checkpoint as ckpt
 from rlft.config import ConfigError
-from rlft.distributed import SINGLE
 
 WEIGHTS = "trainable.safetensors"
 OPTIMIZER = "optimizer.safetensors"
@@ -125,7 +124,7 @@ def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
     parallelism the weights and optimizer are the same on every rank; the random states of every
     rank are gathered (a collective: every rank calls this), rank r's under ``rank{r}.`` names.
     """
-    dp = getattr(c, "dp", SINGLE)
+    dp = c.dp
     opt = c.optimizer.state_dict()
     opt_tensors = {f"{pid}.{k}": v for pid, s in opt["state"].items() for k, v in s.items()}
     ranks = dp.all_gather(_rank_rng(c.device))
@@ -161,7 +160,7 @@ def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, met
     """Checkpoint the components after ``step`` completed steps; prune to ``keep_last``. Under data
     parallelism every rank calls this (the random states are gathered) and rank 0 writes."""
     tensors, state = collect(c)
-    if not getattr(c, "dp", SINGLE).main:
+    if not c.dp.main:
         return run_dir / "checkpoints" / ckpt.step_dir_name(step)
     return write(c, run_dir, step, tensors, state, config_yaml, keep_last, metrics)
 
@@ -234,7 +233,7 @@ def apply(c: Any, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], 
     c.cursor = int(state["cursor"])
     c.state.penalty_beta = float(state["algo"]["penalty_beta"])
     c.state.kl_coef = float(state["algo"]["kl_coef"])
-    rng, rng_json = _own_rng(tensors[RNG], state, getattr(c, "dp", SINGLE).rank)
+    rng, rng_json = _own_rng(tensors[RNG], state, c.dp.rank)
     torch.set_rng_state(rng["torch"])
     restore_device_rng(rng, c.device)
     c.shuffle.set_state(tensors[RNG]["shuffle"])

@@ -184,24 +184,24 @@ def _maybe_evaluate(step: int, c: Components, cfg: Any, metrics: dict[str, float
         metrics["time/eval_s"] = time.perf_counter() - t0
 
 
-def _announce(tracker: Outputs, c: Components, cfg: Any, run_dir: Path, resume: Path | None,
+def _announce(out: Outputs, c: Components, cfg: Any, run_dir: Path, resume: Path | None,
               harmless: list[str]) -> None:
-    tracker.info(
+    out.info(
         f"run dir {run_dir} | algo {cfg.algo.name} | model {cfg.model.name} "
         f"({f'LoRA r={cfg.model.lora.r}' if c.policy.lora else 'full'}) | "
         f"{cfg.trainer.num_prompts} prompts x {cfg.sampler.n} samples | {len(c.task.eval_problems)} eval problems"
     )
     ranks = f" x {c.dp.world} ranks" if c.dp.active else ""
-    tracker.info(f"learner on {c.device}{ranks} | {c.precision.reason}")
+    out.info(f"learner on {c.device}{ranks} | {c.precision.reason}")
     dropped = getattr(c.task, "dropped", (0, 0))
     if any(dropped):
-        tracker.info(f"dropped prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}: "
+        out.info(f"dropped prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}: "
                      f"{dropped[0]} training, {dropped[1]} held-out")
     if not c.task.eval_problems:
         why = "data.num_eval=0" if cfg.data.num_eval == 0 else "the data leaves no held-out rows (set data.eval_path)"
-        tracker.info(f"evaluation skipped: no held-out problems ({why})")
+        out.info(f"evaluation skipped: no held-out problems ({why})")
     if resume is not None:
-        tracker.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
+        out.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
 
 
 def train_step(step: int, c: Components, cfg: Any, out: Outputs | None = None) -> dict[str, float]:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlft.algorithms.masked import Reduce, local, masked_whiten
 from rlft.registry import Registry
 
 ADV_ESTIMATORS = Registry("advantage estimator")
@@ -32,7 +33,7 @@ class AdvantageInputs:
     group_ids: Tensor
     token_rewards: Tensor | None = None
     values: Tensor | None = None
-    reduce: Any = None
+    reduce: Reduce = local
 
 
 def group_normalized_scores(scores: Tensor, group_ids: Tensor, norm_by_std: bool, eps: float) -> Tensor:
@@ -122,13 +123,11 @@ def gae_estimator(inputs: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
     Returns:
         ``(advantages, returns)``, each (B, T); returns are not whitened.
     """
-    from rlft.algorithms.masked import masked_whiten
-
     if inputs.token_rewards is None or inputs.values is None:
         raise ValueError("the gae estimator needs token_rewards and values (a critic)")
     adv, returns = gae(inputs.token_rewards, inputs.values, inputs.mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
-        adv = masked_whiten(adv, inputs.mask, reduce=inputs.reduce) if inputs.reduce else masked_whiten(adv, inputs.mask)
+        adv = masked_whiten(adv, inputs.mask, reduce=inputs.reduce)
     return adv, returns
 
 

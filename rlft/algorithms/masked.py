@@ -11,7 +11,8 @@ Reduce = Callable[[Tensor], Tensor]
 """Sums a tensor over the data-parallel ranks (in place, returning it); identity in one process."""
 
 
-def _local(t: Tensor) -> Tensor:
+def local(t: Tensor) -> Tensor:
+    """The reduction of one process: nothing to add."""
     return t
 
 
@@ -32,7 +33,7 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / mask.sum(dim).clamp(min=1)
 
 
-def masked_moments(x: Tensor, mask: Tensor, reduce: Reduce = _local) -> tuple[Tensor, Tensor, Tensor]:
+def masked_moments(x: Tensor, mask: Tensor, reduce: Reduce = local) -> tuple[Tensor, Tensor, Tensor]:
     """``(mean, unbiased variance, count)`` of the masked entries of ``x`` (scalars), over every
     rank's entries when ``reduce`` sums over ranks (two passes, as one process computes them)."""
     sums = reduce(torch.stack([masked_sum(x, mask), mask.sum().to(x.dtype)]))
@@ -41,12 +42,12 @@ def masked_moments(x: Tensor, mask: Tensor, reduce: Reduce = _local) -> tuple[Te
     return mean, sq / (sums[1] - 1).clamp(min=1), sums[1]
 
 
-def masked_var(x: Tensor, mask: Tensor, reduce: Reduce = _local) -> Tensor:
+def masked_var(x: Tensor, mask: Tensor, reduce: Reduce = local) -> Tensor:
     """Unbiased variance of the masked entries of ``x`` (scalar)."""
     return masked_moments(x, mask, reduce)[1]
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, reduce: Reduce = _local) -> Tensor:
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, reduce: Reduce = local) -> Tensor:
     """Normalize the masked entries of ``x`` to mean 0, std 1 (over every rank's entries with
     ``reduce``); masked-out entries become 0."""
     mean, var, _ = masked_moments(x, mask, reduce)
