@@ -70,10 +70,17 @@ def save_on_failure(c: Any, out: Any, done: int, saved_step: int, snap: Snapshot
 
 
 class GracefulStop:
-    """The first Ctrl-C (or SIGTERM) finishes the current step, checkpoints and stops; a second one aborts."""
+    """The first Ctrl-C (or SIGTERM) finishes the current step, checkpoints and stops; a second one aborts.
 
-    def __init__(self) -> None:
+    ``hold_on_error``: leaving on an exception, ignore these signals instead of restoring the previous
+    handlers (for a rank under a launcher, which ends once it reported the error). When one rank
+    fails, torch's agent SIGTERMs the others at once; a rank already past this block, writing its
+    error line and the job's status, would otherwise die mid-write with the default action.
+    """
+
+    def __init__(self, hold_on_error: bool = False) -> None:
         self.requested = False
+        self.hold_on_error = hold_on_error
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -90,6 +97,7 @@ class GracefulStop:
         # write, and re-entering those raises (the loop logs the stop once the step is done).
         os.write(2, b"stopping after this step and saving a checkpoint (Ctrl-C again to abort now)\n")
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        hold = exc_type is not None and self.hold_on_error
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if hold else handler)

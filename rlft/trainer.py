@@ -131,7 +131,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
     _announce(out, c, cfg, run_dir, resume, harmless)
     saved_step = start if resume is not None else -1
     done, snap = start, failure.capture(c)
-    with failure.GracefulStop() as stop:
+    with failure.GracefulStop(hold_on_error=dp.active) as stop:
         try:
             if cfg.trainer.eval_at_start and resume is None and c.task.eval_problems:
                 last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, dp)

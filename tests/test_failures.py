@@ -85,3 +85,33 @@ def test_first_ctrl_c_finishes_the_step_saves_and_exits_130(tmp_path):
     assert steps[-1] < 50, "the signal did not stop the run"
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == [ckpt.step_dir_name(steps[-1])]
     assert f"stopped by a signal after step {steps[-1]}" in (run / "train.log").read_text()
+
+
+def test_a_rank_leaving_on_an_error_ignores_the_launchers_sigterm_but_a_clean_exit_restores_it():
+    import signal
+
+    from rlft.failure import GracefulStop
+
+    before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        with GracefulStop(hold_on_error=True):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is before
+        try:
+            with GracefulStop(hold_on_error=True):
+                raise RuntimeError("Connection reset by peer")
+        except RuntimeError:
+            pass
+        # the agent's SIGTERM, sent when another rank died, must not kill this one while it reports
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)  # ignored: the test process survives
+        try:
+            with GracefulStop():
+                raise RuntimeError("one process")
+        except RuntimeError:
+            pass
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # restored to what it was on entry
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_int)
