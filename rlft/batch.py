@@ -115,6 +115,22 @@ class RolloutBatch:
             out[f.name] = v
         return replace(self, **out)
 
+    def blank(self) -> RolloutBatch:
+        """One row that enters no loss (response mask 0), with this batch's loss inputs set to 0 and
+        the log-prob ones to None: a rank with fewer micro-batches than another runs it under FSDP2,
+        so that every rank makes the same passes (its gradient is exactly 0)."""
+        dev, out = self.device, {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor) and f.name not in ("old_logp", "ref_logp", "sampler_logp"):
+                out[f.name] = torch.zeros((1, 1) if v.dim() == 2 else (1,), dtype=v.dtype, device=dev)
+            elif isinstance(v, Tensor):
+                out[f.name] = None
+        out["input_ids"] = torch.zeros((1, 2), dtype=self.input_ids.dtype, device=dev)
+        out["resp_start"] = torch.ones(1, dtype=self.resp_start.dtype, device=dev)
+        out["resp_len"] = torch.ones(1, dtype=self.resp_len.dtype, device=dev)
+        return replace(self, **out, host=HostIndex([1], [1], [0], [(0,)]))
+
 
 def pack(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int

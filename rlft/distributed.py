@@ -76,7 +76,7 @@ class DataParallel:
     def sum_gradients(self, params: list[Tensor]) -> None:
         """Replace each parameter's gradient by its sum over ranks (a rank without one counts 0). A
         parameter that has a gradient on no rank keeps none, as in one process (AdamW skips it)."""
-        if not self.active:
+        if not self.active or not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         present = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device,

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, LossNorm, masked_mean
 from rlft.algorithms.losses import clipped_value_loss
@@ -16,6 +17,7 @@ from rlft.batch import RolloutBatch
 from rlft.distributed import SINGLE, DataParallel
 from rlft.models.critic import Critic
 from rlft.models.policy import Policy
+from rlft.sharding import grad_norm_and_clip, is_sharded, lockstep_count
 
 
 def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
@@ -25,7 +27,9 @@ def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
     prompts run once, left-aligned to a common end, and their key/value cache is indexed out
     to every row before the completions run on top of it. Gradients flow through the shared
     cache back into the prompt pass, so the result equals a full forward of each row. Under
-    gradient checkpointing (which cannot keep a cache) each row runs whole instead.
+    gradient checkpointing (which cannot keep a cache) each row runs whole instead. Under FSDP2
+    the completion pass runs even for one-token completions (its output then unused), so that
+    every rank makes the same decoder calls.
 
     Args:
         model: A causal LM (plain or peft) exposing ``get_decoder``.
@@ -48,15 +52,17 @@ def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
     t_len = batch.response_mask.shape[1]
     targets = _targets(batch)
     first = last[slot].unsqueeze(1)
-    if t_len == 1:
+    width = max(t_len - 1, 1) if is_sharded(model) else t_len - 1
+    if width == 0:
         return first, targets
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys[slot], layer.values[slot]
-    mask = torch.cat([prompt_mask[slot], batch.response_mask[:, :-1].long()], dim=1)
-    pos = prompt_pos[slot, -1:] + 1 + torch.arange(t_len - 1, device=dev)[None, :]
-    rest = decoder(input_ids=targets[:, :-1], attention_mask=mask, position_ids=pos, past_key_values=cache,
+    mask = torch.cat([prompt_mask[slot], batch.response_mask[:, :width].long()], dim=1)
+    pos = prompt_pos[slot, -1:] + 1 + torch.arange(width, device=dev)[None, :]
+    rest = decoder(input_ids=targets[:, :width], attention_mask=mask, position_ids=pos, past_key_values=cache,
                    use_cache=True).last_hidden_state
-    return torch.cat([first, rest], dim=1), targets
+    # [:, : t_len - 1] keeps an unused pass in the graph (zero gradient), so its backward runs too.
+    return torch.cat([first, rest[:, : t_len - 1]], dim=1), targets
 
 
 def _response_columns(batch: RolloutBatch) -> Tensor:
@@ -208,25 +214,36 @@ def by_length(batch: RolloutBatch, rows: Tensor, micro: int) -> tuple[Tensor, ..
     return rows[torch.argsort(lengths[rows], stable=True)].split(micro)
 
 
-def _per_row(policy: Policy, batch: RolloutBatch, micro: int, fn: Any) -> Tensor:
+def micro_batches(policy: Policy, batch: RolloutBatch, rows: Tensor, micro: int,
+                  dp: DataParallel) -> list[Tensor | None]:
+    """:func:`by_length`'s micro-batches, and under FSDP2 as many ``None`` after them as this rank
+    runs fewer than another (each stands for :meth:`RolloutBatch.blank`: every rank makes the same passes)."""
+    chunks: list[Tensor | None] = list(by_length(batch, rows, micro))
+    if is_sharded(policy.model):
+        chunks += [None] * (lockstep_count(len(chunks), dp) - len(chunks))
+    return chunks
+
+
+def _per_row(policy: Policy, batch: RolloutBatch, micro: int, fn: Any, dp: DataParallel) -> Tensor:
     out = torch.zeros_like(batch.response_mask)
     with torch.no_grad():
-        for rows in by_length(batch, torch.arange(batch.size, device="cpu"), micro):
-            sub = batch.select(rows)
+        for rows in micro_batches(policy, batch, torch.arange(batch.size, device="cpu"), micro, dp):
             with policy.autocast():
-                values = fn(sub)
-            out[rows.to(out.device, non_blocking=True), : values.shape[1]] = values.float()
+                values = fn(batch.select(rows) if rows is not None else batch.blank())
+            if rows is not None:
+                out[rows.to(out.device, non_blocking=True), : values.shape[1]] = values.float()
     return out
 
 
-def batch_logprobs(policy: Policy, model: Any, batch: RolloutBatch, temperature: float, micro: int) -> Tensor:
+def batch_logprobs(policy: Policy, model: Any, batch: RolloutBatch, temperature: float, micro: int,
+                   dp: DataParallel = SINGLE) -> Tensor:
     """``token_logprobs`` of every row, without gradient, ``micro`` rows at a time. Returns (B, T)."""
-    return _per_row(policy, batch, micro, lambda sub: token_logprobs(model, sub, temperature)[0])
+    return _per_row(policy, batch, micro, lambda sub: token_logprobs(model, sub, temperature)[0], dp)
 
 
-def batch_values(policy: Policy, critic: Critic, batch: RolloutBatch, micro: int) -> Tensor:
+def batch_values(policy: Policy, critic: Critic, batch: RolloutBatch, micro: int, dp: DataParallel = SINGLE) -> Tensor:
     """``critic_values`` of every row, without gradient. Returns (B, T)."""
-    return _per_row(policy, batch, micro, lambda sub: critic_values(critic, sub))
+    return _per_row(policy, batch, micro, lambda sub: critic_values(critic, sub), dp)
 
 
 def _policy_loss(
@@ -324,6 +341,7 @@ def update_policy(
     acc = _MetricSums()
     losses, norms = [], []
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    plain = [p for p in params if not isinstance(p, DTensor)]
     epochs_run = 0
     for _ in range(algo.ppo_epochs):
         epochs_run += 1
@@ -335,15 +353,15 @@ def update_policy(
             norm = LossNorm(float(len(mini)), rows.tokens(mini), float(cfg.sampler.max_new_tokens))
             mine = [i - offset for i in mini if offset <= i < offset + batch.size]
             totals = _accumulate_gradients(policy, optimizer, batch, torch.tensor(mine, dtype=torch.long, device="cpu"),
-                                           norm, cfg, algo, critic, acc, params[0].device)
-            dp.sum_gradients(params)
+                                           norm, cfg, algo, critic, acc, dp)
+            dp.sum_gradients(plain)  # FSDP2 has already summed the sharded ones in backward
             loss, kl_sum, kl_tokens = dp.sum_(totals)
             kl = kl_sum / kl_tokens.clamp(min=1.0)
             # The one decision that needs a value back from the device before the next step.
             if algo.early_stop_kl > 0 and losses and float(kl) > algo.early_stop_kl:
                 stop = True
                 break
-            norms.append(_clip(params, cfg.optim.max_grad_norm))
+            norms.append(_clip(params, cfg.optim.max_grad_norm, dp))
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
@@ -440,7 +458,7 @@ class _MetricSums:
 
 def _accumulate_gradients(
     policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, mini: Tensor, norm: LossNorm, cfg: Any,
-    algo: Any, critic: Critic | None, acc: _MetricSums, device: torch.device,
+    algo: Any, critic: Critic | None, acc: _MetricSums, dp: DataParallel,
 ) -> Tensor:
     """Forward and backward over this rank's rows of one mini-batch (possibly none), micro-batch by
     micro-batch, into fresh gradients.
@@ -452,9 +470,9 @@ def _accumulate_gradients(
         response tokens, and their response tokens.
     """
     optimizer.zero_grad(set_to_none=True)
-    total = kl_sum = kl_tokens = torch.zeros((), device=device)
-    for rows in by_length(batch, mini, cfg.trainer.micro_batch_size) if len(mini) else ():
-        sub = batch.select(rows)
+    total = kl_sum = kl_tokens = torch.zeros((), device=policy.device)
+    for rows in micro_batches(policy, batch, mini, cfg.trainer.micro_batch_size, dp):
+        sub = batch.select(rows) if rows is not None else batch.blank()
         loss, metrics = _policy_loss(policy, sub, algo, cfg.sampler.temperature, norm)
         loss.backward()
         if critic is not None:
@@ -462,6 +480,8 @@ def _accumulate_gradients(
             v_loss.backward()
             loss = loss + v_loss
             metrics.update(v_metrics)
+        if rows is None:
+            continue  # a blank micro-batch: the same passes as another rank's, and nothing to count
         tokens = sub.response_mask.sum()
         acc.add(metrics, tokens)
         total = total + loss.detach()
@@ -470,8 +490,10 @@ def _accumulate_gradients(
     return torch.stack([total, kl_sum, kl_tokens])
 
 
-def _clip(params: list[Tensor], max_norm: float) -> Tensor:
+def _clip(params: list[Tensor], max_norm: float, dp: DataParallel) -> Tensor:
     """The gradient norm (before clipping to ``max_norm``, when > 0), as a device tensor."""
+    if any(isinstance(p, DTensor) for p in params):
+        return grad_norm_and_clip(params, max_norm, dp)
     if max_norm > 0:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     grads = [p.grad for p in params if p.grad is not None]

@@ -37,13 +37,13 @@ def prepare_batch(c: Any, batch: RolloutBatch, cfg: Any) -> dict[str, float]:
         batch.response_mask = batch.response_mask * (~unscored).float()[:, None]
     # With a single update per rollout the ratio is exp(logp - logp.detach()): no old pass needed.
     if a.ppo_epochs > 1 or a.num_mini_batches > 1 or a.uses_critic:
-        batch.old_logp = batch_logprobs(policy, policy.model, batch, temp, micro)
+        batch.old_logp = batch_logprobs(policy, policy.model, batch, temp, micro, dp)
     if a.needs_reference:
         with policy.reference() as ref:
-            batch.ref_logp = batch_logprobs(policy, ref, batch, temp, micro)
+            batch.ref_logp = batch_logprobs(policy, ref, batch, temp, micro, dp)
     token_rewards = None
     if c.critic is not None:
-        batch.values = batch_values(policy, c.critic, batch, micro)
+        batch.values = batch_values(policy, c.critic, batch, micro, dp)
         token_rewards = ppo_token_rewards(batch.scores.nan_to_num(0.0), batch.old_logp, batch.ref_logp, batch.response_mask,
                                           c.state.kl_coef)
     t1 = time.perf_counter()
@@ -80,7 +80,7 @@ def adapt_coefficients(c: Any, batch: RolloutBatch, cfg: Any, metrics: dict[str,
     a, dp = cfg.algo, c.dp
     if a.policy_loss == "kl_penalty":
         new_logp = batch_logprobs(c.policy, c.policy.model, batch, cfg.sampler.temperature,
-                                  cfg.trainer.micro_batch_size)
+                                  cfg.trainer.micro_batch_size, dp)
         per_token = KL_ESTIMATORS.get("k3")(batch.old_logp, new_logp)
         total, tokens = dp.sum_floats([float(masked_sum(per_token, batch.response_mask)),
                                        float(batch.response_mask.sum())])

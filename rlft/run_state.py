@@ -19,6 +19,7 @@ from torch import Tensor
 
 from rlft import checkpoint as ckpt
 from rlft.config import ConfigError
+from rlft.sharding import copy_full_, full_named, like
 
 WEIGHTS = "trainable.safetensors"
 OPTIMIZER = "optimizer.safetensors"
@@ -47,6 +48,8 @@ KEY_CLASSES: dict[str, tuple[str, str]] = {
     **_rows(NUMERICS, "float summation order and padding of the gradient accumulation", "trainer.micro_batch_size"),
     **_rows(NUMERICS, "float rounding of CPU kernels that split work by thread", "trainer.threads"),
     **_rows(NUMERICS, "the order of the gradient sum over ranks (rollouts are seeded per prompt)", "trainer.nproc"),
+    **_rows(NUMERICS, "the order of the gradient sum over ranks; checkpoints hold whole tensors either way",
+            "trainer.strategy"),
     **_rows(NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)", "trainer.device"),
     **_rows(NUMERICS, "recomputes the same activations, whole rows instead of a shared prompt pass",
             "model.gradient_checkpointing"),
@@ -119,14 +122,16 @@ def trainable_tensors(c: Any) -> dict[str, Tensor]:
 def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
     """Everything a training step changes, as ``({file name: {tensor name: tensor}}, JSON state)``.
 
-    The tensors are the live ones (weights, optimizer moments), not copies. A checkpoint writes
-    this to disk; :mod:`rlft.failure` keeps a copy in memory after each step. Under data
-    parallelism the weights and optimizer are the same on every rank; the random states of every
-    rank are gathered (a collective: every rank calls this), rank r's under ``rank{r}.`` names.
+    The tensors are the live ones (weights, optimizer moments), not copies, except under FSDP2,
+    where the shards are gathered into whole tensors (so the files are the same whatever the
+    strategy). A checkpoint writes this to disk; :mod:`rlft.failure` keeps a copy in memory after
+    each step. Under data parallelism the weights and optimizer are the same on every rank; the
+    random states of every rank are gathered (a collective: every rank calls this), rank r's under
+    ``rank{r}.`` names.
     """
     dp = c.dp
     opt = c.optimizer.state_dict()
-    opt_tensors = {f"{pid}.{k}": v for pid, s in opt["state"].items() for k, v in s.items()}
+    opt_tensors = full_named((f"{pid}.{k}", v) for pid, s in opt["state"].items() for k, v in s.items())
     ranks = dp.all_gather(_rank_rng(c.device))
     rng_json, rng = ranks[0][1], {"shuffle": c.shuffle.get_state(), **ranks[0][0]}
     for r, (tensors, _) in enumerate(ranks[1:], 1):
@@ -141,7 +146,7 @@ def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
         **rng_json,
         "rank_rngs": [j for _, j in ranks[1:]],
     }
-    return {WEIGHTS: trainable_tensors(c), OPTIMIZER: opt_tensors, RNG: rng}, state
+    return {WEIGHTS: full_named(trainable_tensors(c).items()), OPTIMIZER: opt_tensors, RNG: rng}, state
 
 
 def _rank_rng(device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -169,16 +174,19 @@ def write(c: Any, run_dir: Path, step: int, tensors: dict[str, dict[str, Tensor]
           config_yaml: str, keep_last: int, metrics: dict | None = None) -> Path:
     """Write collected (or snapshotted) state as the checkpoint of ``step``; no collectives."""
     state = {"step": step, **state, "metrics": metrics or {}}
-    extra = _peft_writer(c.policy.model) if c.policy.lora else None
+    extra = _peft_writer(c.policy.model, tensors[WEIGHTS]) if c.policy.lora else None
     path = ckpt.write_checkpoint(run_dir / "checkpoints", step, tensors, {ckpt.STATE: state, CONFIG: config_yaml},
                                  extra)
     ckpt.prune(run_dir / "checkpoints", keep_last)
     return path
 
 
-def _peft_writer(model: Any) -> Any:
+def _peft_writer(model: Any, weights: dict[str, Tensor]) -> Any:
+    """Writes the adapter in peft's format, from the collected (whole) tensors, not the live (maybe sharded) ones."""
+    state = {k.removeprefix("policy/"): v for k, v in weights.items() if k.startswith("policy/")}
+
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp / "adapter", selected_adapters=["default"])
+        model.save_pretrained(tmp / "adapter", selected_adapters=["default"], state_dict=state)
 
     return write
 
@@ -203,7 +211,7 @@ def _copy_into(own: dict[str, Tensor], saved: dict[str, Tensor], source: str) ->
             if saved[name].shape != p.shape:
                 raise ckpt.CheckpointError(f"{source}: {name} has shape {tuple(saved[name].shape)}, "
                                            f"model has {tuple(p.shape)}")
-            p.copy_(saved[name])
+            copy_full_(p, saved[name])
 
 
 def restore(c: Any, path: Path) -> dict[str, Any]:
@@ -225,9 +233,11 @@ def apply(c: Any, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], 
         raise ckpt.CheckpointError(f"{source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     _copy_into(own, saved, source)
     opt_state: dict[int, dict[str, Tensor]] = {}
+    params = [p for group in c.optimizer.param_groups for p in group["params"]]
     for key, value in tensors[OPTIMIZER].items():
         pid, name = key.split(".", 1)
-        opt_state.setdefault(int(pid), {})[name] = value
+        param = params[int(pid)]  # a moment of a sharded parameter is sharded as it is
+        opt_state.setdefault(int(pid), {})[name] = like(param, value) if value.shape == param.shape else value
     c.optimizer.load_state_dict({"state": opt_state, "param_groups": state["optimizer_param_groups"]})
     c.scheduler.load_state_dict(state["scheduler"])
     c.cursor = int(state["cursor"])

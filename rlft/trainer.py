@@ -36,6 +36,7 @@ from rlft.outputs import Outputs
 from rlft.prepare import adapt_coefficients, prepare_batch
 from rlft.rewards import resolve_reward
 from rlft.rollout import Sampler, build_sampler, sync_sampler
+from rlft.sharding import shard_decoder
 
 
 @dataclass
@@ -70,6 +71,9 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
     if cfg.trainer.num_prompts % dp.world:
         raise ConfigError(f"trainer.num_prompts={cfg.trainer.num_prompts} must be a multiple of the {dp.world} ranks "
                           "(each rank samples whole groups)")
+    if cfg.trainer.strategy == "fsdp2" and not dp.active:
+        raise ConfigError("trainer.strategy=fsdp2 shards the policy over data-parallel ranks, and this is one "
+                          "process: start several (trainer.nproc=N or torchrun), or use trainer.strategy=ddp")
     if dp.active and cfg.trainer.device.startswith("cuda:"):
         raise ConfigError(f"trainer.device={cfg.trainer.device} under torchrun would put every rank on one GPU; "
                           "use trainer.device=cuda (or auto): each rank takes cuda:LOCAL_RANK")
@@ -89,6 +93,8 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
+    if cfg.trainer.strategy == "fsdp2":
+        shard_decoder(policy.model, device, dp)
     total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
     optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)

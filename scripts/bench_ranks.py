@@ -1,14 +1,14 @@
 """Data parallelism on this machine: the same job on 1 rank and on N ranks (trainer.nproc), step
 times side by side, and the world-size invariance check (same rollouts, same final weights).
 
-    python scripts/bench_ranks.py [--ranks 2] [--repeats 2] [KEY=VALUE ...]
+    python scripts/bench_ranks.py [--ranks 2] [--repeats 2] [--strategies ddp,fsdp2] [KEY=VALUE ...]
 
-Speed: runs alternate (1, N, 1, N, ...) so that drift of the machine's speed hits both alike,
+Speed: runs alternate (1, N ddp, N fsdp2, 1, ...) so that drift of the machine's speed hits both alike,
 all cores in use either way (1 rank x C threads against N ranks x C/N threads); each run is a
 fresh `rlft train` (steps 2.. are timed: step 1 includes warm-up). The fp32 GEMM speed of the
 moment is printed before and after, beside the absolute times.
 
-Invariance: one more pair with 1 thread per rank on both sides (CPU kernels that split work
+Invariance: one more run per side with 1 thread per rank (CPU kernels that split work
 by thread round differently, and a real model's rollouts then drift apart once a token flips),
 compared step by step.
 """
@@ -38,9 +38,10 @@ def gemm() -> float:
     return gemm_gflops(torch.float32, 1024, 576, 1536)
 
 
-def run(ranks: int, overrides: list[str], run_dir: Path, threads: int = 0) -> dict:
+def run(ranks: int, overrides: list[str], run_dir: Path, threads: int = 0, strategy: str = "ddp") -> dict:
     threads = threads or max(1, (os.cpu_count() or 1) // ranks)  # the same cores in total, split over the ranks
-    args = [*overrides, f"trainer.nproc={ranks}", f"trainer.threads={threads}", f"hydra.run.dir={run_dir}"]
+    args = [*overrides, f"trainer.nproc={ranks}", f"trainer.threads={threads}", f"trainer.strategy={strategy}",
+            f"hydra.run.dir={run_dir}"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = subprocess.run([sys.executable, "-m", "rlft", "train", *args], cwd=ROOT, env=env, capture_output=True,
                        text=True)
@@ -69,6 +70,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--strategies", default="ddp,fsdp2", help="trainer.strategy of the N-rank runs")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     overrides = DEFAULT + args.overrides
@@ -77,26 +79,31 @@ def main() -> int:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     before = gemm()
-    results: dict[int, list[dict]] = {1: [], args.ranks: []}
+    sides = [(1, "ddp")] + [(args.ranks, s) for s in args.strategies.split(",")]
+    results: dict[tuple[int, str], list[dict]] = {side: [] for side in sides}
+    checks = {}
     with tempfile.TemporaryDirectory(prefix="rlft-bench-ranks-") as tmp:
         for i in range(args.repeats):
-            for n in (1, args.ranks):
-                results[n].append(run(n, overrides, Path(tmp) / f"r{n}-{i}"))
-        run(1, overrides, Path(tmp) / "inv1", threads=1)
-        run(args.ranks, overrides, Path(tmp) / "invN", threads=1)
-        first, worst = compare(Path(tmp) / "inv1", Path(tmp) / "invN")
+            for n, strategy in sides:
+                results[n, strategy].append(run(n, overrides, Path(tmp) / f"r{n}-{strategy}-{i}", strategy=strategy))
+        for n, strategy in sides:
+            run(n, overrides, Path(tmp) / f"inv{n}-{strategy}", threads=1, strategy=strategy)
+        for n, strategy in sides[1:]:
+            checks[strategy] = compare(Path(tmp) / "inv1-ddp", Path(tmp) / f"inv{n}-{strategy}")
     after = gemm()
     print(f"CPU {cpu}, {os.cpu_count()} cores; fp32 GEMM 1024x576x1536 before / after: {before:.0f} / {after:.0f} GFLOP/s")
     print(f"job: {' '.join(overrides)}")
-    for n, rs in results.items():
+    for (n, strategy), rs in results.items():
         times = " / ".join(f"{r['step_s']:.2f}" for r in rs)
-        print(f"{n} rank(s) x {rs[0]['threads']} thread(s): step {times} s "
+        print(f"{n} rank(s) x {rs[0]['threads']} thread(s) {strategy}: step {times} s "
               f"(generate {statistics.mean(r['generate_s'] for r in rs):.2f} s, "
               f"update {statistics.mean(r['update_s'] for r in rs):.2f} s)")
-    ratio = statistics.mean(r["step_s"] for r in results[args.ranks]) / statistics.mean(r["step_s"] for r in results[1])
-    print(f"{args.ranks} ranks / 1 rank step time: {ratio:.2f}x")
-    print(f"invariance (1 thread per rank on both sides): first step whose rollouts differ: {first}; "
-          f"final weights max |a-b|/|a| over tensors: {worst:.2e}")
+    one = statistics.mean(r["step_s"] for r in results[1, "ddp"])
+    for (n, strategy), rs in list(results.items())[1:]:
+        first, worst = checks[strategy]
+        print(f"{n} ranks {strategy} / 1 rank step time: {statistics.mean(r['step_s'] for r in rs) / one:.2f}x; "
+              f"invariance (1 thread per rank on both sides): first step whose rollouts differ: {first}; "
+              f"final weights max |a-b|/|a| over tensors: {worst:.2e}")
     return 0
 
 

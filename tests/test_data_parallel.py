@@ -40,9 +40,10 @@ def _torchrun(nproc: int, *args: str) -> None:
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-@pytest.mark.slow  # three torchrun launches, ~15 s each
+@pytest.mark.slow  # six torchrun launches, ~15 s each
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("algo", list(ALGOS))
-def test_two_rank_update_equals_one_rank_update(algo, tmp_path):
+def test_two_rank_update_equals_one_rank_update(algo, strategy, tmp_path):
     overrides = BASE + ALGOS[algo]
     if algo == "dapo":  # a model that stops about half the time: the ranks' token counts differ
         write_eos_model(tmp_path / "model")
@@ -59,7 +60,7 @@ def test_two_rank_update_equals_one_rank_update(algo, tmp_path):
     want = {k: v.detach().float() for k, v in trainable_tensors(c).items()}
 
     _torchrun(2, "tests/workers/update_worker.py", str(tmp_path / "batch.safetensors"), str(tmp_path / "two.safetensors"),
-              *overrides)
+              *overrides, f"trainer.strategy={strategy}")
     got = load_file(str(tmp_path / "two.safetensors"))
     tokens = batch.response_mask.sum(1)
     halves = tokens.tensor_split(2)
@@ -75,3 +76,36 @@ def test_two_rank_update_equals_one_rank_update(algo, tmp_path):
     assert moved > 0
     assert abs(float(got["metric/loss"]) - one["loss"]) <= 1e-5 * max(1.0, abs(one["loss"]))
     assert abs(float(got["metric/grad_norm"]) - one["grad_norm"]) <= 1e-5 * one["grad_norm"]
+
+
+def test_fsdp2_clipping_of_sharded_and_plain_gradients_matches_torchs():
+    """The one-process case of rlft.sharding.grad_norm_and_clip (its sum over ranks is checked by the
+    fsdp2 update test's grad_norm): the norm and the clipped gradients equal clip_grad_norm_'s."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from rlft.distributed import DataParallel
+    from rlft.sharding import grad_norm_and_clip
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        g = torch.Generator().manual_seed(0)
+        shapes = [(5, 3), (4,), (2, 2)]
+        plain = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+        for p in plain:
+            p.grad = torch.randn(p.shape, generator=g)
+        mixed = [torch.nn.Parameter(distribute_tensor(p.detach().clone(), mesh, [Shard(0)])) for p in plain[:2]]
+        mixed.append(torch.nn.Parameter(plain[2].detach().clone()))
+        for i, (m, p) in enumerate(zip(mixed, plain)):
+            m.grad = distribute_tensor(p.grad.clone(), mesh, [Shard(0)]) if i < 2 else p.grad.clone()
+        want = torch.nn.utils.clip_grad_norm_(plain, 0.5)
+        got = grad_norm_and_clip(mixed, 0.5, DataParallel(0, 1))
+        assert float(want) > 0.5  # the clip engages
+        assert torch.allclose(got, want, rtol=1e-6)
+        for m, p in zip(mixed, plain):
+            grad = m.grad.full_tensor() if hasattr(m.grad, "full_tensor") else m.grad
+            assert torch.allclose(grad, p.grad, rtol=1e-6, atol=1e-7)
+    finally:
+        dist.destroy_process_group()

@@ -53,12 +53,15 @@ def _assert_same_weights(a: dict, b: dict, tol: float = 1e-5) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """One process with all 4 prompts, and 2 ranks with 2 prompts each (trainer.nproc=2: torch's launcher)."""
+    """One process with all 4 prompts, and 2 ranks with 2 prompts each (trainer.nproc=2: torch's launcher),
+    replicated (DDP) and sharded (FSDP2)."""
     root = tmp_path_factory.mktemp("dp")
-    out = {"one": root / "one", "two": root / "two"}
+    out = {"one": root / "one", "two": root / "two", "fsdp2": root / "fsdp2"}
     r = _rlft(*ARGS, f"hydra.run.dir={out['one']}")
     assert r.returncode == 0, r.stderr[-3000:]
     r = _rlft(*ARGS, "trainer.nproc=2", f"hydra.run.dir={out['two']}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _rlft(*ARGS, "trainer.nproc=2", "trainer.strategy=fsdp2", f"hydra.run.dir={out['fsdp2']}")
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -77,6 +80,20 @@ def test_world_size_does_not_change_rollouts_or_weights(runs):
     state = json.loads((runs["two"] / "checkpoints" / f"step_{STEPS:06d}" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and len(state["rank_rngs"]) == 1  # every rank's random state is saved
     assert not (runs["two"] / "checkpoints" / f"step_{STEPS:06d}" / "rank1").exists()
+
+
+def test_fsdp2_shards_give_the_same_rollouts_and_weights(runs):
+    # A step keeps one group (the cap): one rank learns from no row and runs blank micro-batches in
+    # lockstep with the other. The sampler is synced from gathered shards, so later rollouts match too.
+    kept = [json.loads(x).get("dynamic/groups") for x in (runs["fsdp2"] / "metrics.jsonl").read_text().splitlines()]
+    assert 1 in kept, kept
+    assert _rollouts(runs["fsdp2"]) == _rollouts(runs["one"])
+    _assert_same_weights(_final(runs["one"]), _final(runs["fsdp2"]))
+    adapter = load_file(str(runs["fsdp2"] / "checkpoints" / f"step_{STEPS:06d}" / "adapter" / "adapter_model.safetensors"))
+    final = _final(runs["fsdp2"])
+    lora_a = next(k for k in final if "lora_A" in k)
+    saved = adapter[lora_a.removeprefix("policy/").replace(".default", "")]
+    assert saved.shape == final[lora_a].shape and saved.float().equal(final[lora_a].float())  # whole, not a shard
 
 
 def _free_port() -> int:
@@ -102,20 +119,22 @@ def test_two_nodes_at_a_loopback_rendezvous_equal_one_node(runs, tmp_path):
     _assert_same_weights(_final(runs["two"]), _final(run))
 
 
-def test_a_rank_killed_mid_run_stops_all_and_resume_continues_exactly(runs, tmp_path):
-    run = tmp_path / "killed"
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_rank_killed_mid_run_stops_all_and_resume_continues_exactly(runs, tmp_path, strategy):
+    run, args = tmp_path / "killed", [*ARGS, f"trainer.strategy={strategy}"]
     # rank 1 kills itself (SIGKILL) while scoring step 3 (8 reward calls per step on each rank)
-    r = _rlft(*ARGS, "trainer.nproc=2", f"hydra.run.dir={run}", env=_env(RLFT_TEST_KILL_RANK="1",
+    r = _rlft(*args, "trainer.nproc=2", f"hydra.run.dir={run}", env=_env(RLFT_TEST_KILL_RANK="1",
                                                                         RLFT_TEST_KILL_AFTER="20"))
     assert r.returncode != 0
     assert "another rank stopped" in r.stderr, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     saved = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert saved == ["step_000002"], saved  # the last completed step, written by rank 0 alone
-    r = _rlft(*ARGS, "trainer.nproc=2", f"hydra.run.dir={run}", "trainer.resume=auto")
+    r = _rlft(*args, "trainer.nproc=2", f"hydra.run.dir={run}", "trainer.resume=auto")
     assert r.returncode == 0, r.stderr[-3000:]
-    _assert_same_weights(_final(runs["two"]), _final(run))
-    assert _rollouts(run) == _rollouts(runs["two"])  # steps 1-2 from the first attempt, 3 from the resumed one
+    whole = runs["two" if strategy == "ddp" else "fsdp2"]
+    _assert_same_weights(_final(whole), _final(run))
+    assert _rollouts(run) == _rollouts(whole)  # steps 1-2 from the first attempt, 3 from the resumed one
 
 
 def test_a_sweep_gives_each_job_its_ranks(tmp_path):
@@ -132,12 +151,15 @@ def test_a_sweep_gives_each_job_its_ranks(tmp_path):
     assert _rollouts(sweep / "0") != _rollouts(sweep / "1")  # each job ran its own seed
 
 
-def test_each_rank_runs_its_own_vllm_engine(tmp_path):
+# FSDP2 with the adapter served: each rank's engine loads the adapter gathered from the shards.
+@pytest.mark.parametrize(("strategy", "sync"), [("ddp", "merged"), ("fsdp2", "adapter")])
+def test_each_rank_runs_its_own_vllm_engine(tmp_path, strategy, sync):
     pytest.importorskip("vllm")
     run = tmp_path / "vllm"
     r = _rlft("model=tiny", "sampler=vllm", "sampler.vllm.kv_cache_gb=0.25", "sampler.vllm.max_model_len=256",
               "trainer.steps=2", "trainer.num_prompts=2", "sampler.n=2", "sampler.max_new_tokens=8", "data.num_eval=2",
-              "trainer.nproc=2", "trainer.threads=1", "logger.rollouts=true", f"hydra.run.dir={run}")
+              "trainer.nproc=2", "trainer.threads=1", "logger.rollouts=true", f"trainer.strategy={strategy}",
+              f"sampler.vllm.sync={sync}", f"hydra.run.dir={run}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "x 2 ranks" in (run / "train.log").read_text()
     rows = _rollouts(run)

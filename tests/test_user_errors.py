@@ -139,3 +139,14 @@ def test_run_and_sweep_dirs_expand_home(tmp_path, monkeypatch):
     assert _expand_home("hydra.sweep.dir=~/s") == f"hydra.sweep.dir='{tmp_path / 's'}'"
     assert _expand_home("hydra.run.dir='~/r x'") == f"hydra.run.dir='{tmp_path / 'r x'}'"
     assert _expand_home("data.path=~/d") == "data.path=~/d"  # user paths in the config expand where they are read
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["trainer.strategy=zero3"], "valid choices: ddp, fsdp2"),
+    (["trainer.strategy=fsdp2", "model.lora.enabled=false"], "full fine-tuning under FSDP2 is not supported"),
+    (["trainer.strategy=fsdp2"], "this is one process"),  # nothing to shard over: not a silent no-op
+])
+def test_a_strategy_that_cannot_take_effect_is_one_line(tmp_path, overrides, says):
+    line = one_error_line(run_cli(["train", *TINY, "trainer.steps=1", *overrides, f"hydra.run.dir={tmp_path / 'r'}"],
+                                  cwd=tmp_path), 2)
+    assert says in line, line

@@ -292,6 +292,9 @@ class TrainerConfig:
     nproc: int = 1
     """Data-parallel ranks to start on this machine through torch's launcher (1: this process only;
     under torchrun leave it 1: --nproc-per-node decides). trainer.num_prompts must be a multiple of the ranks."""
+    strategy: str = "ddp"
+    """How the ranks hold the learner: ddp (every rank a full replica, gradients all-reduced) or fsdp2
+    (the decoder's layers sharded over the ranks with fully_shard; LoRA only; needs several ranks)."""
     num_prompts: int = 4
     """Prompts per rollout batch (each sampled sampler.n times)."""
     micro_batch_size: int = 16

@@ -78,6 +78,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
     if cfg.trainer.nproc < 1:
         raise ConfigError(f"trainer.nproc={cfg.trainer.nproc} must be >= 1")
+    if t.strategy not in ("ddp", "fsdp2"):
+        raise ConfigError(f"trainer.strategy='{t.strategy}'; valid choices: ddp, fsdp2")
+    if t.strategy == "fsdp2" and not cfg.model.lora.enabled:
+        raise ConfigError("trainer.strategy=fsdp2 shards a LoRA policy's frozen base; full fine-tuning under "
+                          "FSDP2 is not supported: use trainer.strategy=ddp or model.lora.enabled=true")
     if cfg.data.num_eval < 0:
         raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
     _check_model_source(cfg.model)

@@ -67,11 +67,24 @@ class Policy:
             return
         from peft.tuners.lora import LoraLayer
 
+        from rlft.sharding import is_sharded
+
+        # Under FSDP2 each decoder layer is gathered whole while its weights are read (every rank
+        # reads them, in the same order), then freed again.
+        units = set(self.model.get_decoder().layers) if is_sharded(self.model) else set()
+        gathered = None
         for name, module in self.model.named_modules():
+            if module in units:
+                if gathered is not None:
+                    gathered.reshard()
+                module.unshard()
+                gathered = module
             if isinstance(module, LoraLayer):
                 base = module.get_base_layer().weight
                 delta = module.get_delta_weight("default")
                 yield _base_name(name) + ".weight", base.detach().float() + delta.detach().float()
+        if gathered is not None:
+            gathered.reshard()
 
 
 def _base_name(peft_name: str) -> str:

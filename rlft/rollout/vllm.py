@@ -115,7 +115,7 @@ class VLLMSampler:
         self._wake()
         if not self.adapter_dir:
             self.adapter_dir = scratch_dir("rlft-vllm-adapter-", in_ram=True)
-        model.save_pretrained(self.adapter_dir, selected_adapters=["default"])
+        model.save_pretrained(self.adapter_dir, selected_adapters=["default"], state_dict=_whole_adapters(model))
         # A fresh id per sync: vLLM loads it on the next request and evicts the old one (max_loras=1),
         # and prefix-cache entries, keyed by adapter id, cannot leak across updates.
         next_id = self.adapter.lora_int_id + 1 if self.adapter else 1
@@ -132,3 +132,13 @@ class VLLMSampler:
             torch.cuda.empty_cache()  # the learner's freed activations go back before the engine re-allocates
             self.llm.wake_up()
             self.asleep = False
+
+
+def _whole_adapters(model: Any) -> dict[str, Any] | None:
+    """The adapters' tensors gathered whole under FSDP2 (a collective: every rank syncs); None (the
+    model's own state) otherwise."""
+    from rlft.sharding import full_named, is_sharded
+
+    if not is_sharded(model):
+        return None
+    return full_named((n, t) for n, t in model.state_dict().items() if "lora_" in n)

@@ -20,21 +20,23 @@ from rlft.config import compose
 from rlft.distributed import from_environment
 from rlft.learner import update_policy
 from rlft.run_state import trainable_tensors
+from rlft.sharding import full_named
 from rlft.trainer import build_components
 
 
 def main() -> None:
     batch_file, out_file, *overrides = sys.argv[1:]
     cfg, _, _ = compose(overrides)
-    c = build_components(cfg)
-    dp = from_environment(c.device)
+    dp = from_environment()
+    c = build_components(cfg, dp=dp)
     batch = RolloutBatch(**load_file(batch_file))
     batch = batch.select(rank_rows(batch.group_ids, dp.rank, dp.world))
     c.policy.model.train()
     metrics = update_policy(c.policy, c.optimizer, c.scheduler, batch, cfg, c.shuffle, c.critic,
                             c.state.penalty_beta, dp)
+    whole = full_named(trainable_tensors(c).items())  # under FSDP2 gathered from the shards: every rank takes part
     if dp.main:
-        tensors = {k: v.detach().float().contiguous() for k, v in trainable_tensors(c).items()}
+        tensors = {k: v.detach().float().contiguous() for k, v in whole.items()}
         tensors["metric/loss"] = torch.tensor(metrics["loss"])
         tensors["metric/grad_norm"] = torch.tensor(metrics["grad_norm"])
         save_file(tensors, out_file)
