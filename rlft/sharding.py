@@ -34,8 +34,13 @@ def shard_decoder(model: Any, device: torch.device, dp: DataParallel) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (dp.world,))
     decoder = model.get_decoder()
+    if not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+        from rlft.config import ConfigError
+
+        raise ConfigError(f"trainer.strategy=fsdp2 shards a decoder's `layers`, and {type(decoder).__name__} has "
+                          "none (Llama, Qwen, Mistral, Gemma, SmolLM do); use trainer.strategy=ddp")
+    mesh = init_device_mesh(device.type, (dp.world,))
     units = [*decoder.layers, decoder]
     for unit in units:
         fully_shard(unit, mesh=mesh)

@@ -145,8 +145,21 @@ def test_run_and_sweep_dirs_expand_home(tmp_path, monkeypatch):
     (["trainer.strategy=zero3"], "valid choices: ddp, fsdp2"),
     (["trainer.strategy=fsdp2", "model.lora.enabled=false"], "full fine-tuning under FSDP2 is not supported"),
     (["trainer.strategy=fsdp2"], "this is one process"),  # nothing to shard over: not a silent no-op
+    (["trainer.strategy=fsdp2", "model.lora.target_modules=[q_proj,embed_tokens]"], "embed_tokens under"),
 ])
 def test_a_strategy_that_cannot_take_effect_is_one_line(tmp_path, overrides, says):
     line = one_error_line(run_cli(["train", *TINY, "trainer.steps=1", *overrides, f"hydra.run.dir={tmp_path / 'r'}"],
                                   cwd=tmp_path), 2)
     assert says in line, line
+
+
+def test_fsdp2_on_a_decoder_without_layers_names_the_model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlft.config import ConfigError
+    from rlft.distributed import DataParallel
+    from rlft.sharding import shard_decoder
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10, n_positions=8))
+    with pytest.raises(ConfigError, match="GPT2Model has none"):
+        shard_decoder(model, torch.device("cpu"), DataParallel(0, 2))

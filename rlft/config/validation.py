@@ -83,6 +83,9 @@ def validate(cfg: Config) -> None:
     if t.strategy == "fsdp2" and not cfg.model.lora.enabled:
         raise ConfigError("trainer.strategy=fsdp2 shards a LoRA policy's frozen base; full fine-tuning under "
                           "FSDP2 is not supported: use trainer.strategy=ddp or model.lora.enabled=true")
+    if t.strategy == "fsdp2" and "embed_tokens" in cfg.model.lora.target_modules:
+        raise ConfigError("model.lora.target_modules: embed_tokens under trainer.strategy=fsdp2 is not supported "
+                          "(only the decoder layers' adapters are gathered for the sampler); remove it, or use ddp")
     if cfg.data.num_eval < 0:
         raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
     _check_model_source(cfg.model)
