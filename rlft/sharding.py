@@ -19,7 +19,7 @@ What FSDP2 needs from the rest of rlft, and where it is given:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -58,6 +58,11 @@ def is_sharded(model: Any) -> bool:
     return get is not None and isinstance(get(), FSDPModule)
 
 
+def sharded_layers(model: Any) -> list[Any]:
+    """The FSDP units :func:`shard_decoder` made of ``model``'s decoder layers (none when it is not sharded)."""
+    return list(model.get_decoder().layers) if is_sharded(model) else []
+
+
 def lockstep_count(n: int, dp: DataParallel) -> int:
     """The most micro-batches any rank runs, when this rank runs ``n`` (one all-reduce)."""
     return int(dp.max_(torch.tensor([float(n)])).item())
@@ -68,7 +73,7 @@ def full(t: Tensor) -> Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def full_named(items: Iterator[tuple[str, Tensor]] | Any) -> dict[str, Tensor]:
+def full_named(items: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
     """``{name: full(tensor)}``, gathered in the order given (the same on every rank)."""
     return {name: full(t) for name, t in items}
 

@@ -67,11 +67,11 @@ class Policy:
             return
         from peft.tuners.lora import LoraLayer
 
-        from rlft.sharding import is_sharded
+        from rlft.sharding import sharded_layers
 
         # Under FSDP2 each decoder layer is gathered whole while its weights are read (every rank
         # reads them, in the same order), then freed again.
-        units = set(self.model.get_decoder().layers) if is_sharded(self.model) else set()
+        units = set(sharded_layers(self.model))
         gathered = None
         for name, module in self.model.named_modules():
             if module in units:
