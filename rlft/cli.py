@@ -93,8 +93,9 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
 def _print_result(result: dict, out: str) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"{result['model']}: {result['problems']} problems")
+    table = Table(title=Text(f"{result['model']}: {result['problems']} problems"))  # a path is text, not markup
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in result.items():

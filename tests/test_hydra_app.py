@@ -177,3 +177,22 @@ def test_a_sweep_under_torchrun_is_refused_in_one_line(tmp_path):
                         f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "trainer.nproc" in _one_line(r) and not (tmp_path / "sweep").exists()
+
+
+def test_sweep_summary_console_keeps_bracketed_values(tmp_path, capsys, monkeypatch):
+    """rich reads '[...]' as markup: list-valued overrides vanished from the job names on the console."""
+    from omegaconf import OmegaConf
+
+    from rlft.sweep import SweepSummary
+
+    root = tmp_path / "sw"
+    jobs = [("reward.fns=[math_correct]", "ok", 0), ("reward.fns=[my_pkg.rewards:raises]", "failed", 1)]
+    for i, (override, status, code) in enumerate(jobs):
+        (root / str(i) / ".hydra").mkdir(parents=True)
+        (root / str(i) / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["seed=0", override]))
+        (root / str(i) / "job.json").write_text(json.dumps({"status": status, "exit_code": code, "seconds": 1.0}))
+    monkeypatch.setenv("COLUMNS", "200")
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(root)}}}))
+    out = capsys.readouterr().out
+    assert "reward.fns=[math_correct] " in out and "reward.fns=[my_pkg.rewards:raises] " in out, out
+    assert [r["job"] for r in csv.DictReader((root / "summary.csv").open())] == [o for o, _, _ in jobs]
