@@ -120,9 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # Hydra parses the rest: every Hydra flag works as documented
         rest = argv[1:]
         if {"-h", "--help"} & set(rest):
+            from rlft.config import ConfigError
             from rlft.help import train_help
 
-            print(train_help(rest))
+            try:
+                print(train_help(rest))
+            except ConfigError as e:
+                return fail(str(e))
             return 0
         from rlft.app import run
 

@@ -67,6 +67,27 @@ def test_help_lists_groups_sections_and_field_docs():
     assert "trainer.device = 'auto'" in trainer and "cuda when" in trainer
 
 
+def test_help_shows_the_values_of_the_composed_config():
+    """The schema's fallbacks are not what a run uses: every algo preset sets num_mini_batches=2."""
+    grpo = run_cli(["train", "--help", "algo"], ROOT)
+    assert grpo.returncode == 0 and "algo.num_mini_batches = 2\n" in grpo.stdout and "algo.beta = 0.04\n" in grpo.stdout
+    dapo = run_cli(["train", "algo=dapo", "algo.clip_eps_high=0.3", "--help", "algo"], ROOT)
+    assert dapo.returncode == 0, dapo.stderr
+    for line in ("algo.name = 'dapo'", "algo.beta = 0.0", "algo.dynamic_sampling = True", "algo.clip_eps_high = 0.3",
+                 "values: those of `rlft train algo=dapo algo.clip_eps_high=0.3`"):
+        assert line + "\n" in dapo.stdout, line
+    sweep = run_cli(["train", "-m", "trainer.steps=7,9", "--help", "trainer"], ROOT)
+    assert sweep.returncode == 0 and "trainer.steps = 7\n" in sweep.stdout  # a sweep: its first job
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--help", "nosection"], "rlft train --help: no section 'nosection'; valid: algo, model, sampler"),
+    (["algo.bta=1", "--help", "algo"], "unknown config key 'algo.bta'"),
+])
+def test_help_with_bad_arguments_is_one_line_exit_2(args, expected):
+    assert expected in _one_line(run_cli(["train", *args], ROOT))
+
+
 def test_every_algo_field_belongs_to_one_section():
     import dataclasses
 
