@@ -245,6 +245,9 @@ def _check_sampler(cfg: Config) -> None:
                 "torchaudio torchcodec) or 'rlft[vllm]' on GPU; or use sampler=hf"
             )
         v = cfg.sampler.vllm
+        if v.max_model_len <= s.max_new_tokens:
+            raise ConfigError(f"sampler.vllm.max_model_len={v.max_model_len} leaves no room for a prompt: it counts "
+                              f"prompt and completion, so it must exceed sampler.max_new_tokens={s.max_new_tokens}")
         if v.kv_cache_gb is not None and v.kv_cache_gb < 0:
             raise ConfigError(f"sampler.vllm.kv_cache_gb={v.kv_cache_gb}; must be >= 0 (0: use gpu_memory_utilization)")
         if v.sync not in ("merged", "adapter"):
