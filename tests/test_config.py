@@ -78,9 +78,13 @@ def test_cli_help_lists_groups(tmp_path):
 
 
 def test_cli_cfg_prints_resolved_config(tmp_path):
-    proc = run_cli(["train", "model=tiny", "trainer.steps=3", "--cfg"], cwd=tmp_path)
+    proc = run_cli(["train", "model=tiny", "trainer.steps=3", "trainer.eval_every=${trainer.steps}", "--cfg"],
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "steps: 3" in proc.stdout and "source: tiny" in proc.stdout
+    assert "eval_every: 3" in proc.stdout and "${" not in proc.stdout  # resolved, as the README says
+    as_written = run_cli(["train", "trainer.eval_every=${trainer.steps}", "--cfg", "job"], cwd=tmp_path)
+    assert "eval_every: ${trainer.steps}" in as_written.stdout  # Hydra's own --cfg job is left as Hydra has it
 
 
 @pytest.mark.parametrize(
@@ -140,3 +144,11 @@ def test_cli_negative_weight_decay_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "rlft: error: optim.weight_decay=-0.1 must be >= 0"
     assert not (tmp_path / "outputs").exists()
+
+
+def test_readme_names_every_builtin_reward_and_only_paths_users_have():
+    from rlft.rewards.registry import REWARDS
+
+    readme = (ROOT / "README.md").read_text()
+    assert [n for n in REWARDS.names() if f"`{n}`" not in readme] == []
+    assert "../shared" not in readme  # the developers' data folder
