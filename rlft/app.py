@@ -34,14 +34,15 @@ class _State:
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
-    """``(overrides, hydra_flags)``. A bare ``--cfg`` (rlft's older flag) means ``--cfg job``."""
+    """``(overrides, hydra_flags)``. A bare ``--cfg`` (rlft's older flag) means ``--cfg job --resolve``: the
+    config the run will use, interpolations filled in (Hydra's ``--cfg job`` alone prints them as written)."""
     overrides, flags, i = [], [], 0
     while i < len(args):
         a = args[i]
         if a in _VALUE_FLAGS:
             value = args[i + 1] if i + 1 < len(args) else None
             if a in ("--cfg", "-c") and value not in _CFG_CHOICES:
-                flags += [a, "job"]
+                flags += [a, "job"] + ([] if "--resolve" in args else ["--resolve"])
                 i += 1
                 continue
             flags += [a] + ([value] if value is not None else [])

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,9 +22,11 @@ def _parser() -> argparse.ArgumentParser:
                         usage="rlft eval [CHECKPOINT] [KEY=VALUE ...] [--samples N] [--out FILE]")
     ev.add_argument("args", nargs="*", help="an optional checkpoint or run directory, then overrides (base model "
                     "without one: rlft eval model=smollm2_135m)")
-    ev.add_argument("--samples", type=int, default=8, help="sampled completions per problem for pass@k (0: greedy only)")
-    ev.add_argument("--data", help="a JSONL file of held-out problems (default: the task's held-out split)")
-    ev.add_argument("--out", default="eval.json", help="where to write the results as JSON")
+    ev.add_argument("--samples", type=int, default=8, metavar="N",
+                    help="sampled completions per problem for pass@k (0: greedy only; default: %(default)s)")
+    ev.add_argument("--data", metavar="FILE", help="a JSONL file of held-out problems (default: the task's held-out split)")
+    ev.add_argument("--out", metavar="FILE", help="where to write the results as JSON (default: eval_step_NNNNNN.json in the run "
+                    "directory of the checkpoint evaluated; ./eval.json for a base model)")
     return parser
 
 
@@ -61,7 +64,16 @@ def cmd_export(checkpoint: str, out_dir: str, adapter_only: bool) -> int:
     return 0
 
 
-def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
+def default_eval_out(checkpoint: Path | None) -> Path:
+    """Where ``rlft eval`` writes without ``--out``: next to the run it evaluates, one file per checkpoint
+    (evaluations of several runs from one directory would overwrite a shared ./eval.json)."""
+    if checkpoint is None:
+        return Path("eval.json")
+    home = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    return home / f"eval_{checkpoint.name}.json"
+
+
+def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -> int:
     from rlft.config import compose
     from rlft.evaluation import run_eval, write_result
     from rlft.export import checkpoint_config, find_checkpoint
@@ -74,27 +86,29 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str) -> int:
     if data:
         overrides += ["data=jsonl", f"data.path={data}", f"data.eval_path={data}"]
     overrides = quote_home(overrides)
-    if user_path(out).is_dir():  # before the evaluation, not after minutes of it
-        return fail(f"--out {out} is a directory: give a file name")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         checkpoint = find_checkpoint(path) if path else None
+        target = user_path(out) if out else default_eval_out(checkpoint)
+        if target.is_dir():  # before the evaluation, not after minutes of it
+            return fail(f"--out {target} is a directory: give a file name")
         cfg = checkpoint_config(checkpoint, overrides) if checkpoint else compose(overrides)[0]
         result = run_eval(cfg, checkpoint, samples)
     except user_errors() as e:
         return fail(str(e))
     except RewardError as e:
         return fail(str(e), 1)
-    write_result(result, user_path(out))
-    _print_result(result, out)
+    write_result(result, target)
+    _print_result(result, str(target))
     return 0
 
 
 def _print_result(result: dict, out: str) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"{result['model']}: {result['problems']} problems")
+    table = Table(title=Text(f"{result['model']}: {result['problems']} problems"))  # a path is text, not markup
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in result.items():
@@ -119,9 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # Hydra parses the rest: every Hydra flag works as documented
         rest = argv[1:]
         if {"-h", "--help"} & set(rest):
+            from rlft.config import ConfigError
             from rlft.help import train_help
 
-            print(train_help(rest))
+            try:
+                print(train_help(rest))
+            except ConfigError as e:
+                return fail(str(e))
             return 0
         from rlft.app import run
 

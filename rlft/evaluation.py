@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlft.data.chat import drop_long_prompts, problem_ids
+from rlft.data.chat import drop_long_prompts, problem_ids, prompt_room
 from rlft.data.tasks import DataError, Problem
 from rlft.distributed import SINGLE, DataParallel
 from rlft.rewards import score_samples
@@ -95,9 +95,10 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     device = resolve_device(cfg.trainer.device)
     cfg.model.dtype = resolve_precision(cfg.model, device.type).dtype
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False, device=device)
-    problems = drop_long_prompts(task, policy.tokenizer, cfg.data)[0].eval_problems
+    task = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler))[0]
+    problems = task.eval_problems
     if not problems:
-        raise DataError(f"every held-out prompt is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
+        raise DataError(f"every held-out prompt is longer than {task.dropped_by}")
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     if checkpoint is not None:
         load_policy_weights(policy.model, checkpoint)

@@ -29,7 +29,8 @@ Config groups (GROUP=OPTION):
   +experiment {experiments}
 
 Sections (SECTION.KEY=VALUE): {sections}
-  rlft train --help SECTION                   every key of a section with its meaning
+  rlft train --help SECTION [KEY=VALUE ...]   every key of a section: its value in that run (a sweep's
+                                              first job) and its meaning
 
 Hydra: -m/--multirun, --cfg, --resolve, --info, --hydra-help, tab completion:
 eval "$(rlft train -sc install=bash)",
@@ -40,29 +41,47 @@ failed, 2 a config/data/model/checkpoint error, 130 interrupted.
 
 
 def train_help(args: list[str]) -> str:
-    from rlft.config import GROUPS, Config, group_options
+    """The usage text, or with a SECTION among ``args`` that section's keys and the values the run
+    that ``args``' overrides name would use.
+
+    Raises:
+        ConfigError: no such section, or overrides that do not compose.
+    """
+    from rlft.app import split_args
+    from rlft.cli import quote_home
+    from rlft.config import GROUPS, Config, ConfigError, group_options
 
     sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(field_type(Config, f.name))]
-    topic = next((a for a in args if not a.startswith("-")), None)
-    if topic in sections:
-        return section_help(topic)
-    groups = "\n".join(f"  {g:<9} {', '.join(group_options(g))}" for g in GROUPS)
-    text = USAGE.format(groups=groups, experiments=", ".join(group_options("experiment")),
-                        sections=" ".join(sections))
-    if topic is not None:
-        text = f"rlft train --help: no section '{topic}'; valid: {', '.join(sections)}\n\n" + text
-    return text
+    words, _ = split_args(args)
+    topic = next((w for w in words if "=" not in w), None)
+    if topic is None:
+        groups = "\n".join(f"  {g:<9} {', '.join(group_options(g))}" for g in GROUPS)
+        return USAGE.format(groups=groups, experiments=", ".join(group_options("experiment")),
+                            sections=" ".join(sections))
+    if topic not in sections:
+        raise ConfigError(f"rlft train --help: no section '{topic}'; valid: {', '.join(sections)}")
+    return section_help(topic, _first_job(quote_home([w for w in words if "=" in w])))
 
 
-def section_help(name: str) -> str:
-    """Each key of a config section, its default and its docstring; algo's keys by algorithm."""
+def _first_job(overrides: list[str]) -> list[str]:
+    """The overrides of a sweep's first job (those of a single run unchanged)."""
+    from rlft.sweep import expand
+
+    fixed, combos = expand(overrides)
+    return fixed + combos[0]
+
+
+def section_help(name: str, overrides: list[str] | None = None) -> str:
+    """Each key of a config section, its value in the config composed with ``overrides`` and its
+    docstring; algo's keys by algorithm."""
     from rlft.config import ALGO_SECTIONS, GROUPS, Config, group_options
 
     cls = field_type(Config, name)
     lines = [f"{name}: {(cls.__doc__ or '').strip().splitlines()[0]}" if _own_doc(cls) else f"{name}:"]
     if name in GROUPS:
         lines.append(f"  options ({name}=OPTION): {', '.join(group_options(name))}")
-    rows = dict(_rows(cls, name))
+    lines.append(f"  values: those of `{' '.join(['rlft train', *(overrides or [])])}`")
+    rows = dict(_rows(cls, name, composed_values(name, overrides or [])))
     if name == "algo":
         for title, keys in ALGO_SECTIONS:
             lines += ["", f"  [{title}]"] + [rows.pop(f"algo.{k}") for k in keys]
@@ -72,16 +91,36 @@ def section_help(name: str) -> str:
     return "\n".join(lines)
 
 
-def _rows(cls: type, prefix: str) -> typing.Iterator[tuple[str, str]]:
-    docs, defaults = field_docs(cls), cls()
+def composed_values(name: str, overrides: list[str]) -> dict[str, typing.Any]:
+    """A section of the config conf/ and ``overrides`` compose to, as plain values (presets applied;
+    a missing value reads '???'). The cross-field checks are left to the run: help shows what was asked.
+
+    Raises:
+        ConfigError: overrides that do not compose.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rlft.config import ConfigError
+    from rlft.config.loading import compose_node
+
+    node, _ = compose_node(overrides)
+    try:
+        return OmegaConf.to_container(node[name], resolve=True, throw_on_missing=False)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{name}: {str(e).splitlines()[0]}") from None
+
+
+def _rows(cls: type, prefix: str, values: dict[str, typing.Any]) -> typing.Iterator[tuple[str, str]]:
+    docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}"
         sub = field_type(cls, f.name)
         if dataclasses.is_dataclass(sub):
-            yield from _rows(sub, key)
+            yield from _rows(sub, key, values[f.name])
             continue
         doc = " ".join(docs.get(f.name, "").split())
-        yield key, f"  {key} = {getattr(defaults, f.name)!r}\n      {doc}"
+        yield key, f"  {key} = {values[f.name]!r}\n      {doc}"
 
 
 @cache

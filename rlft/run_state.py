@@ -138,6 +138,7 @@ def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
         rng.update({f"rank{r}.{k}": v for k, v in tensors.items()})
     state = {
         "cursor": c.cursor,
+        "dropped_prompts": list(c.task.dropped),
         "compute_dtype": c.precision.dtype,
         "world_size": dp.world,
         "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef},
@@ -217,8 +218,23 @@ def _copy_into(own: dict[str, Tensor], saved: dict[str, Tensor], source: str) ->
 def restore(c: Any, path: Path) -> dict[str, Any]:
     """Put the whole training state back; returns the trainer state JSON (``step``, ``metrics``, ...)."""
     state = ckpt.read_json(path, ckpt.STATE)
+    _check_same_problems(state, c.task, path)
     apply(c, {name: ckpt.read_tensors(path, name) for name in (WEIGHTS, OPTIMIZER, RNG)}, state, f"checkpoint {path}")
     return state
+
+
+def _check_same_problems(state: dict[str, Any], task: Any, path: Path) -> None:
+    """The prompts dropped as too long are those the checkpoint's run dropped. Keys that only change numerics
+    (sampler.name, sampler.vllm.max_model_len) also move vLLM's prompt limit, hence the training rows and
+    their order. Dropping is by a length threshold, so equal counts mean the same problems."""
+    saved = state.get("dropped_prompts")  # absent from checkpoints older than this check
+    if saved is None or list(saved) == list(task.dropped):
+        return
+    raise ckpt.CheckpointError(
+        f"checkpoint {path} dropped {saved[0]} training and {saved[1]} held-out prompts as too long; this run drops "
+        f"{task.dropped[0]} and {task.dropped[1]} ({task.dropped_by or 'no limit'}), which changes the training "
+        "problems: keep the checkpoint's sampler.name and sampler.vllm.max_model_len"
+    )
 
 
 def apply(c: Any, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], source: str) -> None:

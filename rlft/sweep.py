@@ -66,7 +66,7 @@ class SweepSummary(Callback):
             return
         console = Console()
         _print_table(summarize(jobs, root), console)
-        console.print(f"summary: {root / 'summary.csv'}  plot: {root / 'summary.png'}")
+        console.print(f"summary: {root / 'summary.csv'}  plot: {root / 'summary.png'}", markup=False)
         _State.failed_jobs = sum(j.status != "ok" for j in jobs)
 
 
@@ -118,11 +118,13 @@ def summarize(jobs: list[Job], root: Path) -> list[dict[str, Any]]:
 
 def _print_table(rows: list[dict[str, Any]], console: Any) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="sweep summary")
     for col in ("job", "status", "steps", "reward/mean", "eval/accuracy", "seconds"):
         table.add_column(col)
     for r in rows:
         reward, acc = (f"{r[k]:.3f}" if r[k] is not None else "-" for k in SUMMARY_KEYS)
-        table.add_row(r["job"], r["status"], str(r["steps"]), reward, acc, f"{r['seconds']:.0f}s")
+        # Text, not str: rich would read a list override's '[...]' as markup and drop it.
+        table.add_row(Text(r["job"]), Text(r["status"]), str(r["steps"]), reward, acc, f"{r['seconds']:.0f}s")
     console.print(table)

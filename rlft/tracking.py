@@ -54,7 +54,7 @@ class Tracker:
 
     def info(self, message: str) -> None:
         self.log.info(message)
-        self.progress.console.print(message, highlight=False)
+        self.progress.console.print(message, highlight=False, markup=False)  # '[...]' in a message is text
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}

@@ -22,7 +22,7 @@ from rlft import failure, run_state
 from rlft.collection import collect_rollout
 from rlft.config import ConfigError
 from rlft.data import build_task
-from rlft.data.chat import drop_long_prompts
+from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.distributed import SINGLE, DataParallel, from_environment, local_rank
 from rlft.evaluation import evaluate
 from rlft.learner import build_optimizer, update_policy
@@ -89,7 +89,7 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
         resolve_reward(name)
     a = cfg.algo
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference, device=device)
-    task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data)  # the counts are in task.dropped
+    task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler))  # counts: task.dropped
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
@@ -201,8 +201,7 @@ def _announce(out: Outputs, c: Components, cfg: Any, run_dir: Path, resume: Path
     out.info(f"learner on {c.device}{ranks} | {c.precision.reason}")
     dropped = getattr(c.task, "dropped", (0, 0))
     if any(dropped):
-        out.info(f"dropped prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}: "
-                     f"{dropped[0]} training, {dropped[1]} held-out")
+        out.info(f"dropped prompts longer than {c.task.dropped_by}: {dropped[0]} training, {dropped[1]} held-out")
     if not c.task.eval_problems:
         why = "data.num_eval=0" if cfg.data.num_eval == 0 else "the data leaves no held-out rows (set data.eval_path)"
         out.info(f"evaluation skipped: no held-out problems ({why})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -113,3 +114,111 @@ def test_max_prompt_tokens_config_checks():
         compose(["data=jsonl", "data.path=x.jsonl", "data.max_prompt_tokens=-1"])
     with pytest.raises(ConfigError, match="data.system_prompt is a chat message, but data.chat_template=false"):
         compose(["data.system_prompt=hi", "data.chat_template=false"])
+
+
+def _vllm_sampler(max_model_len: int, max_new_tokens: int):
+    from rlft.config.schemas import SamplerConfig, VLLMConfig
+
+    return SamplerConfig(name="vllm", max_new_tokens=max_new_tokens, vllm=VLLMConfig(max_model_len=max_model_len))
+
+
+def test_prompts_that_leave_no_room_for_the_completion_under_vllm_are_dropped(tmp_path, tok):
+    """vLLM refuses a prompt of max_model_len tokens (a traceback at the step that draws it) and cuts a completion
+    at max_model_len in all: prompts longer than max_model_len - max_new_tokens are dropped at start-up."""
+    from rlft.config.schemas import SamplerConfig
+    from rlft.data.chat import prompt_room
+
+    rows = [{"prompt": "word " * n, "answer": n} for n in (1, 50, 2, 60, 3, 4, 70, 5)]
+    cfg = DataConfig(name="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", rows)), template="{prompt}", num_eval=3)
+    task = build_task(cfg, seed=0)  # eval: the last 3 rows (n = 4, 70, 5)
+    lengths = {p.answer: len(problem_ids(tok, p, cfg)) for p in task.train_rows + task.eval_problems}
+    room = prompt_room(_vllm_sampler(lengths["5"] + 16, 16))
+    assert room == (lengths["5"], f"sampler.vllm.max_model_len={lengths['5'] + 16} with sampler.max_new_tokens=16 "
+                                  f"(prompts up to {lengths['5']} tokens)")
+    out, n_train, n_eval = drop_long_prompts(task, tok, cfg, room)
+    assert (n_train, n_eval) == out.dropped == (2, 1) and out.dropped_by == room[1]
+    assert [p.answer for p in out.train_rows] == ["1", "2", "3"] and [p.answer for p in out.eval_problems] == ["4", "5"]
+    cfg.max_prompt_tokens = lengths["4"]  # the tighter of the two limits wins, and is named
+    out, *_ = drop_long_prompts(task, tok, cfg, room)
+    assert out.dropped == (2, 2) and out.dropped_by == f"data.max_prompt_tokens={lengths['4']}"
+    cfg.max_prompt_tokens = 0
+    with pytest.raises(DataError, match=rf"^sampler.vllm.max_model_len={lengths['1'] + 15} with sampler.max_new_tokens"
+                                        rf"=16 \(prompts up to {lengths['1'] - 1} tokens\): all 5 training prompts "
+                                        rf"are longer \(the shortest has {lengths['1']} tokens\)$"):
+        drop_long_prompts(task, tok, cfg, prompt_room(_vllm_sampler(lengths["1"] + 15, 16)))
+    assert prompt_room(SamplerConfig(name="hf")) is None  # transformers' generate has no engine length
+
+
+def test_generated_prompts_that_do_not_fit_vllm_are_refused(tok):
+    from rlft.data.chat import prompt_room
+
+    cfg = DataConfig(num_eval=10)  # arithmetic: a stream, nothing to drop
+    task = build_task(cfg, seed=0)
+    longest = max(len(problem_ids(tok, p, cfg)) for p in task.eval_problems + task.batch(0, 32))
+    assert drop_long_prompts(task, tok, cfg, prompt_room(_vllm_sampler(longest + 8, 8))) == (task, 0, 0)
+    with pytest.raises(DataError, match=rf"prompts up to {longest - 1} tokens\): a data=arithmetic prompt has "
+                                        rf"{longest} tokens; raise sampler.vllm.max_model_len"):
+        drop_long_prompts(task, tok, cfg, prompt_room(_vllm_sampler(longest + 7, 8)))
+
+
+def test_max_model_len_must_leave_room_for_a_prompt():
+    from rlft.config.validation import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed")
+    with pytest.raises(ConfigError, match=r"^sampler.vllm.max_model_len=32 leaves no room for a prompt: .* must exceed "
+                                          r"sampler.max_new_tokens=32$"):
+        compose(["sampler=vllm", "sampler.vllm.max_model_len=32"])
+
+
+def test_a_resume_that_would_drop_other_prompts_is_refused(tmp_path, tok):
+    from rlft.checkpoint import CheckpointError
+    from rlft.data.chat import prompt_room
+    from rlft.run_state import _check_same_problems
+
+    rows = [{"prompt": "word " * n, "answer": n} for n in (1, 50, 2, 60, 3)]
+    cfg = DataConfig(name="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", rows)), template="{prompt}", num_eval=0)
+    task = build_task(cfg, seed=0)
+    short = max(len(problem_ids(tok, p, cfg)) for p in task.train_rows if int(p.answer) < 10)
+    dropped, *_ = drop_long_prompts(task, tok, cfg, prompt_room(_vllm_sampler(short + 8, 8)))
+    _check_same_problems({"dropped_prompts": [2, 0]}, dropped, tmp_path)
+    _check_same_problems({}, task, tmp_path)  # a checkpoint from before the count was saved
+    with pytest.raises(CheckpointError, match=r"dropped 2 training and 0 held-out prompts as too long; this run drops "
+                                              r"0 and 0 \(no limit\)"):
+        _check_same_problems({"dropped_prompts": [2, 0]}, task, tmp_path)  # e.g. resumed with sampler=hf
+
+
+def test_cli_train_refuses_data_with_no_prompt_that_fits_vllm_before_starting_it(tmp_path):
+    from rlft.config.validation import vllm_available
+    from tests.conftest import TINY, run_cli
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed")
+    f = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "word " * 40, "answer": i} for i in range(6)])
+    args = [o for o in TINY if not o.startswith("sampler=")] + [
+        "sampler=vllm", "data=jsonl", f"data.path={f}", "data.num_eval=2", "sampler.vllm.max_model_len=40"]
+    proc = run_cli(["train", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert re.fullmatch(r"rlft: error: sampler.vllm.max_model_len=40 with sampler.max_new_tokens=8 \(prompts up to 32 "
+                        r"tokens\): all 4 training prompts are longer \(the shortest has \d+ tokens\)", line), line
+
+
+@pytest.mark.slow
+def test_cli_train_under_vllm_drops_and_counts_prompts_that_do_not_fit(tmp_path):
+    """A real vLLM engine: the long rows are dropped and counted at start-up, the run trains on the rest."""
+    from rlft.config.validation import vllm_available
+    from tests.conftest import TINY, run_cli
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed")
+    rows = [{"prompt": "word " * n, "answer": n} for n in (1, 60, 2, 3, 70, 4, 1, 80)]
+    f = write_jsonl(tmp_path / "d.jsonl", rows)
+    args = [o for o in TINY if not o.startswith("sampler=")] + [
+        "sampler=vllm", "sampler.vllm.kv_cache_gb=0.25", "data=jsonl", f"data.path={f}", "data.num_eval=2",
+        "sampler.vllm.max_model_len=48", "trainer.steps=1"]
+    proc = run_cli(["train", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert ("dropped prompts longer than sampler.vllm.max_model_len=48 with sampler.max_new_tokens=8 (prompts up to "
+            "40 tokens): 2 training, 1 held-out") in log, log

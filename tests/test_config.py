@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlft.config import Config, ConfigError, compose, conf_dir, group_options
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, TINY, run_cli
 
 
 def test_defaults_compose_into_typed_config(compose_cfg):
@@ -78,9 +78,13 @@ def test_cli_help_lists_groups(tmp_path):
 
 
 def test_cli_cfg_prints_resolved_config(tmp_path):
-    proc = run_cli(["train", "model=tiny", "trainer.steps=3", "--cfg"], cwd=tmp_path)
+    proc = run_cli(["train", "model=tiny", "trainer.steps=3", "trainer.eval_every=${trainer.steps}", "--cfg"],
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "steps: 3" in proc.stdout and "source: tiny" in proc.stdout
+    assert "eval_every: 3" in proc.stdout and "${" not in proc.stdout  # resolved, as the README says
+    as_written = run_cli(["train", "trainer.eval_every=${trainer.steps}", "--cfg", "job"], cwd=tmp_path)
+    assert "eval_every: ${trainer.steps}" in as_written.stdout  # Hydra's own --cfg job is left as Hydra has it
 
 
 @pytest.mark.parametrize(
@@ -110,3 +114,41 @@ def test_sampler_logprobs_are_compared_only_without_truncation(compose_cfg):
     assert untruncated(compose_cfg().sampler)
     assert not untruncated(compose_cfg("sampler.top_p=0.95").sampler)
     assert not untruncated(compose_cfg("sampler.top_k=50").sampler)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("optim.lr=-1", "optim.lr=-1.0 must be > 0"),
+        ("optim.lr=0", "optim.lr=0.0 must be > 0"),
+        ("optim.lr=nan", "optim.lr=nan must be > 0"),
+        ("algo.critic_lr=-1e-4", "algo.critic_lr=-0.0001 must be > 0"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay=-0.1 must be >= 0"),
+        ("optim.betas=[0.9,1.0]", "optim.betas[1]=1.0 must be in [0, 1)"),
+        ("optim.betas=[-0.1,0.99]", "optim.betas[0]=-0.1 must be in [0, 1)"),
+        ("optim.betas=[0.9]", "optim.betas=[0.9] must be two values [beta1, beta2]"),
+        ("optim.warmup_steps=-1", "optim.warmup_steps=-1 must be >= 0 (0: no warm-up)"),
+        ("optim.max_grad_norm=-1", "optim.max_grad_norm=-1.0 must be >= 0 (0: no clipping)"),
+        ("optim.schedule=cosin", "optim.schedule='cosin'; valid choices: constant, linear, cosine"),
+    ],
+)
+def test_optimizer_values_are_checked_at_config_time(override, expected):
+    with pytest.raises(ConfigError) as err:
+        compose(["model=tiny", override])
+    assert str(err.value) == expected
+
+
+def test_cli_negative_weight_decay_is_one_line(tmp_path):
+    """AdamW's own check raised from inside the run, a traceback through Hydra; now it is refused up front."""
+    proc = run_cli(["train", *TINY, "optim.weight_decay=-0.1"], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "rlft: error: optim.weight_decay=-0.1 must be >= 0"
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_readme_names_every_builtin_reward_and_only_paths_users_have():
+    from rlft.rewards.registry import REWARDS
+
+    readme = (ROOT / "README.md").read_text()
+    assert [n for n in REWARDS.names() if f"`{n}`" not in readme] == []
+    assert "../shared" not in readme  # the developers' data folder

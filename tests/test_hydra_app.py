@@ -67,6 +67,27 @@ def test_help_lists_groups_sections_and_field_docs():
     assert "trainer.device = 'auto'" in trainer and "cuda when" in trainer
 
 
+def test_help_shows_the_values_of_the_composed_config():
+    """The schema's fallbacks are not what a run uses: every algo preset sets num_mini_batches=2."""
+    grpo = run_cli(["train", "--help", "algo"], ROOT)
+    assert grpo.returncode == 0 and "algo.num_mini_batches = 2\n" in grpo.stdout and "algo.beta = 0.04\n" in grpo.stdout
+    dapo = run_cli(["train", "algo=dapo", "algo.clip_eps_high=0.3", "--help", "algo"], ROOT)
+    assert dapo.returncode == 0, dapo.stderr
+    for line in ("algo.name = 'dapo'", "algo.beta = 0.0", "algo.dynamic_sampling = True", "algo.clip_eps_high = 0.3",
+                 "values: those of `rlft train algo=dapo algo.clip_eps_high=0.3`"):
+        assert line + "\n" in dapo.stdout, line
+    sweep = run_cli(["train", "-m", "trainer.steps=7,9", "--help", "trainer"], ROOT)
+    assert sweep.returncode == 0 and "trainer.steps = 7\n" in sweep.stdout  # a sweep: its first job
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--help", "nosection"], "rlft train --help: no section 'nosection'; valid: algo, model, sampler"),
+    (["algo.bta=1", "--help", "algo"], "unknown config key 'algo.bta'"),
+])
+def test_help_with_bad_arguments_is_one_line_exit_2(args, expected):
+    assert expected in _one_line(run_cli(["train", *args], ROOT))
+
+
 def test_every_algo_field_belongs_to_one_section():
     import dataclasses
 
@@ -177,3 +198,22 @@ def test_a_sweep_under_torchrun_is_refused_in_one_line(tmp_path):
                         f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "trainer.nproc" in _one_line(r) and not (tmp_path / "sweep").exists()
+
+
+def test_sweep_summary_console_keeps_bracketed_values(tmp_path, capsys, monkeypatch):
+    """rich reads '[...]' as markup: list-valued overrides vanished from the job names on the console."""
+    from omegaconf import OmegaConf
+
+    from rlft.sweep import SweepSummary
+
+    root = tmp_path / "sw"
+    jobs = [("reward.fns=[math_correct]", "ok", 0), ("reward.fns=[my_pkg.rewards:raises]", "failed", 1)]
+    for i, (override, status, code) in enumerate(jobs):
+        (root / str(i) / ".hydra").mkdir(parents=True)
+        (root / str(i) / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["seed=0", override]))
+        (root / str(i) / "job.json").write_text(json.dumps({"status": status, "exit_code": code, "seconds": 1.0}))
+    monkeypatch.setenv("COLUMNS", "200")
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(root)}}}))
+    out = capsys.readouterr().out
+    assert "reward.fns=[math_correct] " in out and "reward.fns=[my_pkg.rewards:raises] " in out, out
+    assert [r["job"] for r in csv.DictReader((root / "summary.csv").open())] == [o for o, _, _ in jobs]

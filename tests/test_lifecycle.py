@@ -120,6 +120,18 @@ def test_eval_checkpoint_and_base(trained, tmp_path):
     assert r.returncode == 2 and "no such checkpoint" in r.stderr
 
 
+def test_eval_writes_into_the_run_directory_by_default(trained, tmp_path):
+    """Not ./eval.json, which the evaluation of another run from the same directory would overwrite."""
+    r = run_cli(["eval", str(trained), "sampler.name=hf", "data.num_eval=4", "reward.fns=[math_correct]", "--samples", "0"],
+                tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = trained / "eval_step_000003.json"
+    assert json.loads(out.read_text())["problems"] == 4 and f"wrote {out}" in r.stdout
+    assert not (tmp_path / "eval.json").exists()
+    helped = run_cli(["eval", "--help"], tmp_path).stdout
+    assert "default: 8" in helped and "eval_step_NNNNNN.json in the run" in " ".join(helped.split())
+
+
 def test_sweep_runs_every_job_and_survives_a_failing_one(tmp_path):
     """The second job fails at run time (its reward raises); the jobs after it still run to the end."""
     root = tmp_path / "sweep"

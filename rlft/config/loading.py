@@ -139,6 +139,17 @@ def compose(overrides: list[str]) -> tuple[Config, Any, str]:
     Raises:
         ConfigError: on any unknown key, bad choice, wrong type or failed cross-field check.
     """
+    raw, run_dir = compose_node(overrides)
+    return to_config(raw), raw, run_dir
+
+
+def compose_node(overrides: list[str]) -> tuple[Any, str]:
+    """What :func:`compose` composes, before the cross-field checks: the OmegaConf node (``hydra``
+    removed) and the resolved ``hydra.run.dir``. Values may still be missing (``???``).
+
+    Raises:
+        ConfigError: on any unknown key, bad choice or wrong type.
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -158,7 +169,7 @@ def compose(overrides: list[str]) -> tuple[Config, Any, str]:
         raise ConfigError(_one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
-    return to_config(raw), raw, run_dir
+    return raw, run_dir
 
 
 def compose_on(saved_yaml: str, overrides: list[str]) -> Config:

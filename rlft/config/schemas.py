@@ -176,7 +176,8 @@ class VLLMConfig:
     dtype: str = "auto"
     """Engine dtype: auto (= model.dtype), bf16 or fp32."""
     max_model_len: int = 1024
-    """Longest prompt + completion the engine accepts."""
+    """Longest prompt + completion the engine accepts: prompts longer than max_model_len - sampler.max_new_tokens
+    are dropped at start-up (counted, as data.max_prompt_tokens does), so no completion is cut short by it."""
     gpu_memory_utilization: float = 0.3
     """Share of accelerator memory for the engine (GPU; on CPU only when kv_cache_gb is 0)."""
     kv_cache_gb: float | None = None

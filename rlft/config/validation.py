@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 
 from rlft.config.schemas import AlgoConfig, Config, ConfigError, ModelConfig
@@ -72,8 +73,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.source == "path" and not cfg.model.path:
         raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
     _check_data(cfg)
-    if cfg.optim.schedule not in ("constant", "linear", "cosine"):
-        raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
+    _check_optim(cfg)
     if t.keep_last < 0 or t.save_every < 0:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
     if cfg.trainer.nproc < 1:
@@ -124,6 +124,28 @@ def _check_data(cfg: Config) -> None:
     if d.system_prompt and not d.chat_template:
         raise ConfigError("data.system_prompt is a chat message, but data.chat_template=false sends raw text: "
                           "drop one of them (or put the text in data.template)")
+
+
+def _check_optim(cfg: Config) -> None:
+    """AdamW's and the schedule's values: AdamW checks lr only for its defaults, not for param groups,
+    and its own errors would surface as a traceback from inside the run."""
+    o, a = cfg.optim, cfg.algo
+    if o.schedule not in ("constant", "linear", "cosine"):
+        raise ConfigError(f"optim.schedule='{o.schedule}'; valid choices: constant, linear, cosine")
+    for name, lr in (("optim.lr", o.lr), ("algo.critic_lr", a.critic_lr)):
+        if not 0 < lr < math.inf:  # also NaN; a negative rate is gradient ascent, 0 trains nothing
+            raise ConfigError(f"{name}={lr} must be > 0")
+    if len(o.betas) != 2:
+        raise ConfigError(f"optim.betas={list(o.betas)} must be two values [beta1, beta2]")
+    for i, beta in enumerate(o.betas):
+        if not 0 <= beta < 1:
+            raise ConfigError(f"optim.betas[{i}]={beta} must be in [0, 1)")
+    if not 0 <= o.weight_decay < math.inf:
+        raise ConfigError(f"optim.weight_decay={o.weight_decay} must be >= 0")
+    if o.warmup_steps < 0:
+        raise ConfigError(f"optim.warmup_steps={o.warmup_steps} must be >= 0 (0: no warm-up)")
+    if not 0 <= o.max_grad_norm < math.inf:
+        raise ConfigError(f"optim.max_grad_norm={o.max_grad_norm} must be >= 0 (0: no clipping)")
 
 
 def _check_device(device: str, m: ModelConfig) -> None:
@@ -223,6 +245,9 @@ def _check_sampler(cfg: Config) -> None:
                 "torchaudio torchcodec) or 'rlft[vllm]' on GPU; or use sampler=hf"
             )
         v = cfg.sampler.vllm
+        if v.max_model_len <= s.max_new_tokens:
+            raise ConfigError(f"sampler.vllm.max_model_len={v.max_model_len} leaves no room for a prompt: it counts "
+                              f"prompt and completion, so it must exceed sampler.max_new_tokens={s.max_new_tokens}")
         if v.kv_cache_gb is not None and v.kv_cache_gb < 0:
             raise ConfigError(f"sampler.vllm.kv_cache_gb={v.kv_cache_gb}; must be >= 0 (0: use gpu_memory_utilization)")
         if v.sync not in ("merged", "adapter"):

@@ -1,4 +1,5 @@
-"""Chat templating of prompts, and dropping prompts over data.max_prompt_tokens."""
+"""Chat templating of prompts, and dropping prompts over data.max_prompt_tokens or over what the
+sampler's engine can complete (sampler.vllm.max_model_len)."""
 
 from __future__ import annotations
 
@@ -49,41 +50,72 @@ def _render(tokenizer: Any, prompt: Prompt, system_prompt: str | None, chat_temp
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
 
 
-def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: Any) -> tuple[Task, int, int]:
+def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: Any,
+                      engine_room: tuple[int, str] | None = None) -> tuple[Task, int, int]:
     """The task without the problems whose prompt, as the model sees it (chat template and system prompt
-    included), is longer than ``data_cfg.max_prompt_tokens`` tokens (0: no limit). Also checks that every
-    prompt renders (message prompts need a chat template).
+    included), is longer than ``data_cfg.max_prompt_tokens`` tokens (0: no limit) or than
+    ``engine_room`` (the sampler's room for a prompt and what sets it, see :func:`prompt_room`).
+    Also checks that every prompt renders (message prompts need a chat template).
 
     Returns:
-        The task (the same object when nothing is dropped; ``task.dropped`` holds the counts) and the
-        numbers of training and eval problems dropped.
+        The task (the same object when nothing is dropped; ``task.dropped`` holds the counts and
+        ``task.dropped_by`` the limit) and the numbers of training and eval problems dropped.
 
     Raises:
-        DataError: every training prompt is too long, or a limit on a generated task (no finite set to filter).
+        DataError: every training prompt is too long, data.max_prompt_tokens on a generated task (no
+            finite set to filter), or a generated task whose prompts do not fit ``engine_room``.
     """
-    limit = getattr(data_cfg, "max_prompt_tokens", 0) or 0
+    own = getattr(data_cfg, "max_prompt_tokens", 0) or 0
+    limits = ([(own, f"data.max_prompt_tokens={own}")] if own > 0 else []) + ([engine_room] if engine_room else [])
     rows = task.train_rows
-    if limit <= 0:
+    if not limits:
         chat = next((p for p in (rows or []) + task.eval_problems if p.messages is not None), None)
         if chat is not None:  # a message prompt the tokenizer cannot render fails now, not at the first rollout
             _render(tokenizer, chat.model_input, None, getattr(data_cfg, "chat_template", True))
         return task, 0, 0
     if rows is None:
-        raise DataError(f"data.max_prompt_tokens={limit} filters data sets read from files (data=jsonl, hf, gsm8k); "
-                        f"data={data_cfg.name} generates its prompts: set data.max_prompt_tokens=0")
+        if own > 0:
+            raise DataError(f"data.max_prompt_tokens={own} filters data sets read from files (data=jsonl, hf, "
+                            f"gsm8k); data={data_cfg.name} generates its prompts: set data.max_prompt_tokens=0")
+        _check_generated_fit(task, tokenizer, data_cfg, *limits[0])
+        return task, 0, 0
+    limit, why = min(limits)
     lengths = _lengths(tokenizer, rows + task.eval_problems, data_cfg)
     train_len, eval_len = lengths[: len(rows)], lengths[len(rows) :]
     kept = [p for p, n in zip(rows, train_len) if n <= limit]
     kept_eval = [p for p, n in zip(task.eval_problems, eval_len) if n <= limit]
     if not kept:
-        raise DataError(f"data.max_prompt_tokens={limit}: all {len(rows)} training prompts are longer "
+        raise DataError(f"{why}: all {len(rows)} training prompts are longer "
                         f"(the shortest has {min(train_len)} tokens)")
     dropped = (len(rows) - len(kept), len(task.eval_problems) - len(kept_eval))
     if dropped == (0, 0):
         return task, 0, 0
     out = rows_task(kept, kept_eval, task.seed)
-    out.dropped = dropped
+    out.dropped, out.dropped_by = dropped, why
     return out, *dropped
+
+
+def prompt_room(sampler_cfg: Any) -> tuple[int, str] | None:
+    """The longest prompt the sampler can complete to ``max_new_tokens`` without the engine refusing it
+    or cutting the completion short, and what sets it; None when the sampler has no such limit (hf
+    generates any length)."""
+    from rlft.config.validation import resolve_sampler_name
+
+    if resolve_sampler_name(sampler_cfg.name) != "vllm":
+        return None
+    total, new = sampler_cfg.vllm.max_model_len, sampler_cfg.max_new_tokens
+    return total - new, (f"sampler.vllm.max_model_len={total} with sampler.max_new_tokens={new} "
+                         f"(prompts up to {total - new} tokens)")
+
+
+def _check_generated_fit(task: Task, tokenizer: Any, data_cfg: Any, limit: int, why: str) -> None:
+    """A generated stream cannot be filtered: its held-out problems and first training batch stand for
+    the rest (their prompts come from one template, so their lengths hardly vary)."""
+    sample = task.eval_problems + task.batch(0, 32)
+    longest = max(_lengths(tokenizer, sample, data_cfg), default=0)
+    if longest > limit:
+        raise DataError(f"{why}: a data={data_cfg.name} prompt has {longest} tokens; raise "
+                        "sampler.vllm.max_model_len (or shorten data.template / data.system_prompt)")
 
 
 def _lengths(tokenizer: Any, problems: list[Problem], data_cfg: Any) -> list[int]:

@@ -32,7 +32,9 @@ class Task:
         """The finite training set of a file-based task (None: a generated stream)."""
         self.seed = seed
         self.dropped = (0, 0)
-        """Training and eval problems dropped by data.max_prompt_tokens (see rlft.data.chat.drop_long_prompts)."""
+        """Training and eval problems dropped as too long (see rlft.data.chat.drop_long_prompts)."""
+        self.dropped_by = ""
+        """The limit they were longer than, e.g. 'data.max_prompt_tokens=512'."""
 
     def batch(self, index: int, size: int) -> list[Problem]:
         """The ``index``-th training batch of ``size`` problems (deterministic)."""
