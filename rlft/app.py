@@ -192,15 +192,16 @@ def task(raw: Any) -> float:
             raise
         status.update(status="failed", exit_code=1, error=f"rank {dp.rank}: another rank stopped ({_first_line(e)})")
         result = math.nan
-    except KeyboardInterrupt:
-        status.update(status="interrupted", exit_code=130)
+    except KeyboardInterrupt as e:
+        why = f" ({e})" if str(e) else ""  # the stop's deadline passed (rlft.failure.GracefulStop)
+        status.update(status="interrupted", exit_code=130, **({"error": f"interrupted{why}"} if why else {}))
         if not dp.main:
             raise SystemExit(130) from None
         _write_status(run_dir, status, t0)
         if in_sweep:
             raise  # Ctrl-C stops the whole sweep
-        print(f"rlft: error: interrupted; continue with: rlft train ... hydra.run.dir={run_dir} trainer.resume=auto",
-              file=sys.stderr)
+        print(f"rlft: error: interrupted{why}; continue with: rlft train ... hydra.run.dir={run_dir} "
+              "trainer.resume=auto", file=sys.stderr)
         raise SystemExit(130) from None
     if not dp.main:  # rank 0 writes the job's status; another rank only reports its own error
         if status["status"] != "ok":

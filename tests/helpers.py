@@ -136,3 +136,38 @@ def none_on_odd_length(prompt: str, completion: str, answer: str, **info):
 def none_on_level_2(prompts, completions, level, **kwargs) -> list:
     """Batched: None for rows whose ``level`` column is 2 (whole groups unscored), else the character count."""
     return [None if lv == 2 else len(c) / 10.0 for lv, c in zip(level, completions)]
+
+
+def exits_on_first(prompt: str, completion: str, answer: str, **info) -> float:
+    """Calls sys.exit(3) on samples whose answer is "0" (on every sample with $RLFT_TEST_DIE_ALWAYS); scores 1
+    on the others."""
+    import os
+    import sys
+
+    if answer == "0" or os.environ.get("RLFT_TEST_DIE_ALWAYS"):
+        sys.exit(3)
+    return 1.0
+
+
+def kills_worker_on_first(prompt: str, completion: str, answer: str, **info) -> float:
+    """Ends its own process on samples whose answer is "0" (on every sample with $RLFT_TEST_DIE_ALWAYS):
+    os._exit(7), or SIGKILL when $RLFT_TEST_SIGKILL is set (the OOM killer's way); scores 1 on the others."""
+    import os
+    import signal
+
+    if answer == "0" or os.environ.get("RLFT_TEST_DIE_ALWAYS"):
+        if os.environ.get("RLFT_TEST_SIGKILL"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(7)
+    return 1.0
+
+
+def hangs_marked(prompt: str, completion: str, answer: str, **info) -> float:
+    """Touches $RLFT_TEST_MARK (the reward has started), then never returns."""
+    import os
+    import time
+    from pathlib import Path
+
+    Path(os.environ["RLFT_TEST_MARK"]).touch()
+    time.sleep(3600)
+    return 0.0
