@@ -122,6 +122,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
     Under torchrun (WORLD_SIZE > 1) every rank calls this with the same ``run_dir``.
     """
     dp = from_environment()
+    dp.set_timeout(cfg.trainer.dist_timeout_s)
     resolved_yaml = resolved_yaml if resolved_yaml is not None else _to_yaml(cfg)
     resume = ckpt.resolve(cfg.trainer.resume, run_dir)
     harmless = run_state.check_compatible(resume, resolved_yaml, dp.world) if resume is not None else []

@@ -54,14 +54,20 @@ def char_count_on_even(prompt: str, completion: str, answer: str, **info) -> flo
     so dynamic sampling needs a varying number of rounds to fill a batch.
 
     On the data-parallel rank $RLFT_TEST_KILL_RANK, after $RLFT_TEST_KILL_AFTER calls, the process
-    kills itself with SIGKILL (a rank lost mid-step, as ``kill -9`` or a dead node leaves it)."""
+    kills itself with SIGKILL (a rank lost mid-step, as ``kill -9`` or a dead node leaves it); with
+    $RLFT_TEST_HANG_MARK set it touches that file and hangs instead (a rank that stops answering)."""
     import os
     import signal
+    import time
+    from pathlib import Path
 
     global _calls
     _calls += 1
     after = os.environ.get("RLFT_TEST_KILL_AFTER")
     if after and os.environ.get("RANK") == os.environ.get("RLFT_TEST_KILL_RANK") and _calls > int(after):
+        if os.environ.get("RLFT_TEST_HANG_MARK"):
+            Path(os.environ["RLFT_TEST_HANG_MARK"]).touch()
+            time.sleep(3600)
         os.kill(os.getpid(), signal.SIGKILL)
     return len(completion) / 10.0 if int(answer) % 2 == 0 else 0.0
 

@@ -225,8 +225,8 @@ class RewardConfig:
     """Time limit of one reward call (a batched function: of the whole batch), in seconds; calls then
     run in worker processes that can be stopped (0: no limit)."""
     on_timeout: float | None = None
-    """Score of a call that ran past timeout_s (None: end the run with one line naming the function
-    and the sample)."""
+    """Score of a call that ran past timeout_s or whose worker process died (os._exit, a signal, the
+    OOM killer) (None: end the run with one line naming the function, the sample and what happened)."""
 
 
 @dataclass
