@@ -133,3 +133,11 @@ def test_a_second_sigterm_while_a_reward_hangs_ends_the_run_at_once(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130 and time.perf_counter() - t0 < 15 and "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("override", ["trainer.stop_grace_s=-1", "trainer.dist_timeout_s=0"])
+def test_stop_grace_and_collective_timeout_refuse_bad_values(override):
+    from rlft.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match=override.replace(".", r"\.")):
+        compose([override])
