@@ -76,9 +76,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.schedule='{cfg.optim.schedule}'; valid choices: constant, linear, cosine")
     if t.keep_last < 0 or t.save_every < 0:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
-    if cfg.trainer.stop_grace_s < 0 or cfg.trainer.dist_timeout_s <= 0:
-        raise ConfigError(f"trainer.stop_grace_s={cfg.trainer.stop_grace_s:g} must be >= 0 and "
-                          f"trainer.dist_timeout_s={cfg.trainer.dist_timeout_s:g} > 0")
+    if t.stop_grace_s < 0:
+        raise ConfigError(f"trainer.stop_grace_s={t.stop_grace_s:g} must be >= 0 (0: no deadline)")
+    if t.dist_timeout_s <= 0:
+        raise ConfigError(f"trainer.dist_timeout_s={t.dist_timeout_s:g} must be > 0")
     if cfg.trainer.nproc < 1:
         raise ConfigError(f"trainer.nproc={cfg.trainer.nproc} must be >= 1")
     if t.strategy not in ("ddp", "fsdp2"):
