@@ -149,7 +149,13 @@ class _Workers:
             while len(results) < min([len(calls), *failures]):
                 while queue and self.idle and queue[0] < min([len(calls), *failures]):
                     worker, i = self.idle.pop(), queue.popleft()
-                    worker.start(i, calls[i], self.policy.timeout_s)
+                    try:
+                        worker.start(i, calls[i], self.policy.timeout_s)
+                    except OSError:  # it died while idle (the OOM killer's pick): a fresh one takes the call
+                        worker.stop()
+                        self.idle.append(_Worker(self.ctx, self.fn))
+                        queue.appendleft(i)
+                        continue
                     self.busy.append(worker)
                 self._collect(results, failures, timed_out)
         finally:
