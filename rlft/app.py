@@ -191,17 +191,18 @@ def task(raw: Any) -> float:
     except Exception as e:
         if not (dp.active and _peer_lost(e)):
             raise
-        status.update(status="failed", exit_code=1, error=f"rank {dp.rank}: another rank stopped ({_first_line(e)})")
+        status.update(status="failed", exit_code=1, error=f"rank {dp.rank}: {_peer_lost(e)} ({_first_line(e)})")
         result = math.nan
-    except KeyboardInterrupt:
-        status.update(status="interrupted", exit_code=130)
+    except KeyboardInterrupt as e:
+        why = f" ({e})" if str(e) else ""  # the stop's deadline passed (rlft.failure.GracefulStop)
+        status.update(status="interrupted", exit_code=130, **({"error": f"interrupted{why}"} if why else {}))
         if not dp.main:
             raise SystemExit(130) from None
         _write_status(run_dir, status, t0)
         if in_sweep:
             raise  # Ctrl-C stops the whole sweep
-        print(f"rlft: error: interrupted; continue with: rlft train ... hydra.run.dir={run_dir} trainer.resume=auto",
-              file=sys.stderr)
+        print(f"rlft: error: interrupted{why}; continue with: rlft train ... hydra.run.dir={run_dir} "
+              "trainer.resume=auto", file=sys.stderr)
         raise SystemExit(130) from None
     if not dp.main:  # rank 0 writes the job's status; another rank only reports its own error
         if status["status"] != "ok":
@@ -234,12 +235,18 @@ def _check_nproc(nproc: int) -> None:
                           "leave trainer.nproc=1 under torchrun (its --nproc-per-node decides)")
 
 
-def _peer_lost(e: BaseException) -> bool:
-    """A collective failed because another rank is gone (its error, kill -9, a lost node)."""
+def _peer_lost(e: BaseException) -> str:
+    """What happened when a collective failed because another rank is gone (its error, kill -9, a lost
+    node) or stopped answering (trainer.dist_timeout_s passed); '' for any other error."""
     import torch.distributed as dist
 
-    return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and any(
-        s in str(e) for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
+    text = str(e)
+    timeouts = ("Timed out waiting", "timed out in blocking wait", "Watchdog caught collective operation timeout")
+    if isinstance(e, (RuntimeError, dist.DistError)) and any(s in text for s in timeouts):  # gloo, NCCL, NCCL
+        return "another rank did not answer within trainer.dist_timeout_s (it died or hangs)"
+    lost = isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
+    return "another rank stopped" if lost else ""
 
 
 def _first_line(e: BaseException) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -73,6 +74,15 @@ class DataParallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def set_timeout(self, seconds: float) -> None:
+        """Bound every later collective's wait for the other ranks (``trainer.dist_timeout_s``): past
+        it, gloo raises "Timed out waiting ...", NCCL (blocking wait, see :func:`from_environment`)
+        aborts the communicator and raises; the rank then reports on one line (rlft.app)."""
+        if self.active:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+
+            _set_pg_timeout(timedelta(seconds=seconds))
+
     def sum_gradients(self, params: list[Tensor]) -> None:
         """Replace each parameter's gradient by its sum over ranks (a rank without one counts 0). A
         parameter that has a gradient on no rank keeps none, as in one process (AdamW skips it)."""
@@ -106,10 +116,17 @@ def local_rank() -> int:
 def from_environment(device: torch.device | None = None) -> DataParallel:
     """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR,
     ...). Gloo carries the host-side collectives (objects, flags, counts); NCCL joins it for CUDA
-    tensors when torch sees a GPU. Without torchrun, one process."""
+    tensors when torch sees a GPU. Without torchrun, one process.
+
+    NCCL's collectives run on the GPU's stream, and by default a peer that is gone is noticed only by
+    its watchdog thread, which tears the process down (no error line, no snapshot). With
+    ``TORCH_NCCL_BLOCKING_WAIT=1`` (set here unless the environment sets it) the calling thread
+    waits for each collective and, past the process group's timeout, aborts the communicator and
+    raises, as gloo does."""
     if not launched():
         return SINGLE
     if not dist.is_initialized():
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         cuda = torch.cuda.is_available() and (device is None or device.type == "cuda")
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
     return DataParallel(dist.get_rank(), dist.get_world_size())

@@ -72,16 +72,25 @@ def save_on_failure(c: Any, out: Any, done: int, saved_step: int, snap: Snapshot
 class GracefulStop:
     """The first Ctrl-C (or SIGTERM) finishes the current step, checkpoints and stops; a second one aborts.
 
+    ``grace_s`` (``trainer.stop_grace_s``): a step that has not finished that long after the first
+    signal is aborted as by a second one (a reward that hangs without a time limit would otherwise
+    keep the run alive forever). The abort raises ``KeyboardInterrupt`` from the signal handler,
+    which runs in the main thread between bytecodes and ends the blocking waits Python can interrupt
+    (sleep, a pipe, a lock); code that holds the main thread in C without returning stays deaf.
+
     ``hold_on_error``: leaving on an exception, ignore these signals instead of restoring the previous
     handlers (for a rank under a launcher, which ends once it reported the error). When one rank
     fails, torch's agent SIGTERMs the others at once; a rank already past this block, writing its
     error line and the job's status, would otherwise die mid-write with the default action.
     """
 
-    def __init__(self, hold_on_error: bool = False) -> None:
+    def __init__(self, hold_on_error: bool = False, grace_s: float = 0.0) -> None:
         self.requested = False
         self.hold_on_error = hold_on_error
+        self.grace_s = grace_s
         self._previous: dict[int, Any] = {}
+        self._timer: threading.Timer | None = None
+        self._expired = False
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
@@ -90,14 +99,31 @@ class GracefulStop:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self._expired:
+            raise KeyboardInterrupt(f"the step did not finish within trainer.stop_grace_s={self.grace_s:g} s "
+                                    "of the signal and was aborted")
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        if self.grace_s > 0:
+            self._timer = threading.Timer(self.grace_s, self._expire, (threading.main_thread().ident,))
+            self._timer.daemon = True
+            self._timer.start()
         # A raw write: the interrupted main thread may be inside the console's or the log's own
         # write, and re-entering those raises (the loop logs the stop once the step is done).
         os.write(2, b"stopping after this step and saving a checkpoint (Ctrl-C again to abort now)\n")
 
+    def _expire(self, main: int) -> None:
+        self._expired = True
+        signal.pthread_kill(main, signal.SIGTERM)  # to the main thread: it interrupts its blocking call
+
+    def step_done(self) -> None:
+        """The step has finished: the deadline no longer applies (the checkpoint write is not cut short)."""
+        if self._timer is not None:
+            self._timer.cancel()
+
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.step_done()
         hold = exc_type is not None and self.hold_on_error
         for sig, handler in self._previous.items():
             signal.signal(sig, signal.SIG_IGN if hold else handler)

@@ -122,6 +122,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
     Under torchrun (WORLD_SIZE > 1) every rank calls this with the same ``run_dir``.
     """
     dp = from_environment()
+    dp.set_timeout(cfg.trainer.dist_timeout_s)
     resolved_yaml = resolved_yaml if resolved_yaml is not None else _to_yaml(cfg)
     resume = ckpt.resolve(cfg.trainer.resume, run_dir)
     harmless = run_state.check_compatible(resume, resolved_yaml, dp.world) if resume is not None else []
@@ -137,7 +138,7 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
     _announce(out, c, cfg, run_dir, resume, harmless)
     saved_step = start if resume is not None else -1
     done, snap = start, failure.capture(c)
-    with failure.GracefulStop(hold_on_error=dp.active) as stop:
+    with failure.GracefulStop(hold_on_error=dp.active, grace_s=cfg.trainer.stop_grace_s) as stop:
         try:
             if cfg.trainer.eval_at_start and resume is None and c.task.eval_problems:
                 last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, dp)
@@ -150,6 +151,8 @@ def train(cfg: Any, run_dir: Path, resolved_yaml: str | None = None) -> dict[str
                 out.log_step(step, last)
                 done, snap = step, failure.capture(c)
                 stopping = dp.any(stop.requested) and step < cfg.trainer.steps
+                if stopping:
+                    stop.step_done()
                 every = cfg.trainer.save_every
                 if step < cfg.trainer.steps and (stopping or (every > 0 and step % every == 0)):
                     out.save(c, step, last)

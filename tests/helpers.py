@@ -54,14 +54,20 @@ def char_count_on_even(prompt: str, completion: str, answer: str, **info) -> flo
     so dynamic sampling needs a varying number of rounds to fill a batch.
 
     On the data-parallel rank $RLFT_TEST_KILL_RANK, after $RLFT_TEST_KILL_AFTER calls, the process
-    kills itself with SIGKILL (a rank lost mid-step, as ``kill -9`` or a dead node leaves it)."""
+    kills itself with SIGKILL (a rank lost mid-step, as ``kill -9`` or a dead node leaves it); with
+    $RLFT_TEST_HANG_MARK set it touches that file and hangs instead (a rank that stops answering)."""
     import os
     import signal
+    import time
+    from pathlib import Path
 
     global _calls
     _calls += 1
     after = os.environ.get("RLFT_TEST_KILL_AFTER")
     if after and os.environ.get("RANK") == os.environ.get("RLFT_TEST_KILL_RANK") and _calls > int(after):
+        if os.environ.get("RLFT_TEST_HANG_MARK"):
+            Path(os.environ["RLFT_TEST_HANG_MARK"]).touch()
+            time.sleep(3600)
         os.kill(os.getpid(), signal.SIGKILL)
     return len(completion) / 10.0 if int(answer) % 2 == 0 else 0.0
 
@@ -136,3 +142,38 @@ def none_on_odd_length(prompt: str, completion: str, answer: str, **info):
 def none_on_level_2(prompts, completions, level, **kwargs) -> list:
     """Batched: None for rows whose ``level`` column is 2 (whole groups unscored), else the character count."""
     return [None if lv == 2 else len(c) / 10.0 for lv, c in zip(level, completions)]
+
+
+def exits_on_first(prompt: str, completion: str, answer: str, **info) -> float:
+    """Calls sys.exit(3) on samples whose answer is "0" (on every sample with $RLFT_TEST_DIE_ALWAYS); scores 1
+    on the others."""
+    import os
+    import sys
+
+    if answer == "0" or os.environ.get("RLFT_TEST_DIE_ALWAYS"):
+        sys.exit(3)
+    return 1.0
+
+
+def kills_worker_on_first(prompt: str, completion: str, answer: str, **info) -> float:
+    """Ends its own process on samples whose answer is "0" (on every sample with $RLFT_TEST_DIE_ALWAYS):
+    os._exit(7), or SIGKILL when $RLFT_TEST_SIGKILL is set (the OOM killer's way); scores 1 on the others."""
+    import os
+    import signal
+
+    if answer == "0" or os.environ.get("RLFT_TEST_DIE_ALWAYS"):
+        if os.environ.get("RLFT_TEST_SIGKILL"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(7)
+    return 1.0
+
+
+def hangs_marked(prompt: str, completion: str, answer: str, **info) -> float:
+    """Touches $RLFT_TEST_MARK (the reward has started), then never returns."""
+    import os
+    import time
+    from pathlib import Path
+
+    Path(os.environ["RLFT_TEST_MARK"]).touch()
+    time.sleep(3600)
+    return 0.0

@@ -226,8 +226,8 @@ class RewardConfig:
     """Time limit of one reward call (a batched function: of the whole batch), in seconds; calls then
     run in worker processes that can be stopped (0: no limit)."""
     on_timeout: float | None = None
-    """Score of a call that ran past timeout_s (None: end the run with one line naming the function
-    and the sample)."""
+    """Score of a call that ran past timeout_s or whose worker process died (os._exit, a signal, the
+    OOM killer) (None: end the run with one line naming the function, the sample and what happened)."""
 
 
 @dataclass
@@ -318,6 +318,12 @@ class TrainerConfig:
     available, else cpu), cpu, cuda or cuda:N."""
     max_minutes: float = 0.0
     """Wall-clock budget: stop after the step that crosses it, then evaluate and checkpoint (0: off)."""
+    stop_grace_s: float = 300.0
+    """After the first Ctrl-C/SIGTERM, how long the current step may take to finish (it is then saved)
+    before it is aborted as by a second signal (the step before it is saved); 0: wait however long it takes."""
+    dist_timeout_s: float = 300.0
+    """Under several ranks: how long a collective may wait for the other ranks before this rank ends
+    with one line saying another rank stopped answering (a rank that died or hangs; gloo and NCCL)."""
 
 
 @dataclass

@@ -76,6 +76,10 @@ def validate(cfg: Config) -> None:
     _check_optim(cfg)
     if t.keep_last < 0 or t.save_every < 0:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
+    if t.stop_grace_s < 0:
+        raise ConfigError(f"trainer.stop_grace_s={t.stop_grace_s:g} must be >= 0 (0: no deadline)")
+    if t.dist_timeout_s <= 0:
+        raise ConfigError(f"trainer.dist_timeout_s={t.dist_timeout_s:g} must be > 0")
     if cfg.trainer.nproc < 1:
         raise ConfigError(f"trainer.nproc={cfg.trainer.nproc} must be >= 1")
     if t.strategy not in ("ddp", "fsdp2"):

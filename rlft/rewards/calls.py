@@ -1,18 +1,28 @@
 """Running reward calls: in this process, or in worker processes that can be stopped when a call hangs.
 
 A thread cannot be stopped, so a time limit needs processes: with ``reward.timeout_s`` (or
-``reward.num_workers``) the calls go to a ``multiprocessing`` pool, and a call that does not
-return in time gets the pool terminated (the hung worker with it). The run then ends with one
-line naming the function and the sample, or, with ``reward.on_timeout``, that call scores the
-configured value and the calls not yet collected run again in a fresh pool.
+``reward.num_workers``) the calls go to forked worker processes, one call at a time each, so
+that the parent always knows which call a worker is running. A call that does not return in
+time gets its worker killed (and replaced); a worker that dies on its own (the function called
+``os._exit``, a segfault, the OOM killer) is seen at once through its process sentinel. Either
+way the run ends with one line naming the function, the sample and what happened, or, with
+``reward.on_timeout``, that call scores the configured value and the other calls go on.
+
+``multiprocessing.Pool`` is not used: it silently replaces a dead worker, and the result of the
+call that worker held never arrives (the run would wait forever).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import pickle
 import signal
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 
@@ -53,54 +63,168 @@ class CallFailed(Exception):
         self.index, self.error = index, error
 
 
+class CallDied(Exception):
+    """The worker process running call ``index`` ended without a result (``exitcode``: as
+    ``multiprocessing.Process.exitcode``, ``-N`` for signal N)."""
+
+    def __init__(self, index: int, exitcode: int | None):
+        super().__init__(index, exitcode)
+        self.index, self.exitcode = index, exitcode
+
+    @property
+    def how(self) -> str:
+        """What ended the worker, in words."""
+        code = self.exitcode
+        if code is not None and code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
+
+
 def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy,
               timed_out: Any = None) -> list[Any]:
-    """``[fn(*args, **kwargs) for args, kwargs in calls]`` under ``policy``; a call that ran past the
-    limit with ``policy.on_timeout`` set returns ``timed_out`` (what that score means for this call).
+    """``[fn(*args, **kwargs) for args, kwargs in calls]`` under ``policy``; with ``policy.on_timeout``
+    set, a call that ran past the limit or whose worker died returns ``timed_out`` (what that score
+    means for this call).
 
     Raises:
-        CallFailed: a call raised.
+        CallFailed: a call raised (``SystemExit`` included: ``sys.exit()`` in a reward is its failure,
+            not the run's end).
         CallTimeout: a call ran past ``policy.timeout_s`` and ``policy.on_timeout`` is None.
+        CallDied: a worker process ended during a call and ``policy.on_timeout`` is None.
     """
     if policy.in_process:
         out = []
         for i, (args, kwargs) in enumerate(calls):
             try:
                 out.append(fn(*args, **kwargs))
-            except Exception as e:  # noqa: BLE001  (the caller words it)
+            except (Exception, SystemExit) as e:  # noqa: BLE001  (the caller words it)
                 raise CallFailed(i, e) from None
         return out
-    results: dict[int, Any] = {}
-    while len(results) < len(calls):
-        _run_in_pool(fn, calls, policy, results, timed_out)
-    return [results[i] for i in range(len(calls))]
+    return _Workers(fn, policy).run(calls, timed_out)
 
 
-def _worker_signals() -> None:
-    """Forked workers inherit the trainer's Ctrl-C/SIGTERM handler: put the defaults back, so that
-    terminating the pool stops them and only the training process answers Ctrl-C."""
+class _Worker:
+    """A forked process that runs ``fn`` on the calls sent down its pipe, one at a time."""
+
+    def __init__(self, ctx: Any, fn: Callable[..., Any]):
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(fn, child), daemon=True)
+        self.process.start()
+        child.close()
+        self.index = -1
+        self.deadline = float("inf")
+
+    def start(self, index: int, call: tuple[tuple, dict], timeout_s: float) -> None:
+        self.index = index
+        self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
+        self.conn.send(call)
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+class _Workers:
+    """``policy.num_workers`` (at least 1) workers for one function; a hung or dead one is replaced."""
+
+    def __init__(self, fn: Callable[..., Any], policy: CallPolicy):
+        self.fn, self.policy = fn, policy
+        self.ctx = multiprocessing.get_context("fork")  # workers inherit the imported reward modules
+        self.idle: list[_Worker] = []
+        self.busy: list[_Worker] = []
+
+    def run(self, calls: Sequence[tuple[tuple, dict]], timed_out: Any) -> list[Any]:
+        """Every call's result; a failure is raised once the calls before it are settled, so the
+        error names the first failing sample, as in one process."""
+        results: dict[int, Any] = {}
+        failures: dict[int, Exception] = {}
+        queue = deque(range(len(calls)))
+        try:
+            self.idle = [_Worker(self.ctx, self.fn) for _ in range(min(max(1, self.policy.num_workers), len(calls)))]
+            while len(results) < min([len(calls), *failures]):
+                while queue and self.idle and queue[0] < min([len(calls), *failures]):
+                    worker, i = self.idle.pop(), queue.popleft()
+                    try:
+                        worker.start(i, calls[i], self.policy.timeout_s)
+                    except OSError:  # it died while idle (the OOM killer's pick): a fresh one takes the call
+                        worker.stop()
+                        self.idle.append(_Worker(self.ctx, self.fn))
+                        queue.appendleft(i)
+                        continue
+                    self.busy.append(worker)
+                self._collect(results, failures, timed_out)
+        finally:
+            for worker in self.idle + self.busy:
+                worker.stop()
+        if failures:
+            raise failures[min(failures)]
+        return [results[i] for i in range(len(calls))]
+
+    def _collect(self, results: dict[int, Any], failures: dict[int, Exception], timed_out: Any) -> None:
+        """Wait for the first busy worker to answer, die or pass its deadline, and settle its call."""
+        deadline = min(w.deadline for w in self.busy)
+        timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+        ready = set(wait([w.conn for w in self.busy] + [w.process.sentinel for w in self.busy], timeout))
+        for worker in list(self.busy):
+            if worker.conn in ready:  # checked first: a worker may answer and then be gone
+                try:
+                    ok, value = worker.conn.recv()
+                except EOFError:  # the pipe closed: the worker died
+                    self._lost(worker, True, results, failures, timed_out)
+                    continue
+                if ok:
+                    results[worker.index] = value
+                else:
+                    failures[worker.index] = CallFailed(worker.index, value)
+                self.busy.remove(worker)
+                self.idle.append(worker)
+            elif worker.process.sentinel in ready or time.monotonic() >= worker.deadline:
+                self._lost(worker, worker.process.sentinel in ready, results, failures, timed_out)
+
+    def _lost(self, worker: _Worker, died: bool, results: dict[int, Any], failures: dict[int, Exception],
+              timed_out: Any) -> None:
+        """A worker died, or hung past its deadline (it is killed): its call scores ``timed_out`` under
+        ``on_timeout``, else fails; a fresh worker takes its place."""
+        worker.stop()
+        if self.policy.on_timeout is not None:
+            results[worker.index] = timed_out
+        else:
+            failures[worker.index] = CallDied(worker.index, worker.process.exitcode) if died \
+                else CallTimeout(worker.index)
+        self.busy.remove(worker)
+        self.idle.append(_Worker(self.ctx, self.fn))
+
+
+def _serve(fn: Callable[..., Any], conn: Connection) -> None:
+    """A worker's loop. Forked workers inherit the trainer's Ctrl-C/SIGTERM handler: the defaults go
+    back, so that killing a worker stops it and only the training process answers Ctrl-C."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            args, kwargs = conn.recv()
+        except EOFError:  # the trainer is gone
+            os._exit(0)
+        try:
+            reply: tuple[bool, Any] = (True, fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001  (SystemExit too: the parent words it)
+            reply = (False, e)
+        conn.send(_picklable(reply))
 
 
-def _run_in_pool(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy,
-                 results: dict[int, Any], timed_out: Any) -> None:
-    """Collect, in order, every call not in ``results`` yet; on a scored timeout, return early
-    (the pool, hung worker included, is gone; the caller starts a fresh one for the rest)."""
-    ctx = multiprocessing.get_context("fork")  # workers inherit the imported reward modules
-    pool = ctx.Pool(max(1, policy.num_workers), initializer=_worker_signals)
+def _picklable(reply: tuple[bool, Any]) -> tuple[bool, Any]:
+    """``reply``, or a failure saying what could not cross to the trainer (an exception or a score
+    that does not pickle)."""
+    ok, value = reply
     try:
-        pending = {i: pool.apply_async(fn, args, kwargs) for i, (args, kwargs) in enumerate(calls) if i not in results}
-        for i, handle in pending.items():
-            try:
-                results[i] = handle.get(timeout=policy.timeout_s if policy.timeout_s > 0 else None)
-            except multiprocessing.TimeoutError:
-                if policy.on_timeout is None:
-                    raise CallTimeout(i) from None
-                results[i] = timed_out
-                return
-            except Exception as e:  # noqa: BLE001  (raised by the user's function in the worker)
-                raise CallFailed(i, e) from None
-    finally:
-        pool.terminate()
-        pool.join()
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001  (pickling may raise anything)
+        if ok:
+            return False, TypeError(f"returned a {type(value).__name__}, which cannot be sent back from the worker")
+        return False, RuntimeError(f"{type(value).__name__}: {value}")
+    return reply

@@ -31,7 +31,7 @@ from typing import Any
 
 from rlft.config import ConfigError
 from rlft.registry import Registry
-from rlft.rewards.calls import IN_PROCESS, CallFailed, CallPolicy, CallTimeout, run_calls
+from rlft.rewards.calls import IN_PROCESS, CallDied, CallFailed, CallPolicy, CallTimeout, run_calls
 
 RewardFn = Callable[..., float]
 REWARDS = Registry("reward function")
@@ -143,9 +143,11 @@ def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_to
     try:
         values: Any = run_calls(fn, [((), kwargs)], policy, timed_out=[policy.on_timeout] * len(samples))[0]
     except CallFailed as e:
-        raise RewardError(f"reward function '{name}' raised {type(e.error).__name__}: {e.error} on {where}") from None
+        raise RewardError(f"reward function '{name}' raised {_describe(e.error)} on {where}") from None
     except CallTimeout:
         raise RewardError(_timeout_message(name, policy, where)) from None
+    except CallDied as e:
+        raise RewardError(_died_message(name, e, where)) from None
     if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != len(samples):
         got = f"{len(values)} values" if isinstance(values, Sequence) else repr(values)[:60]
         raise RewardError(f"reward function '{name}' (batched) returned {got} for {len(samples)} completions; "
@@ -161,16 +163,30 @@ def _call_each(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_token
     try:
         values = run_calls(fn, calls, policy, timed_out=policy.on_timeout)
     except CallFailed as e:
-        s, err = samples[e.index], e.error
-        raise RewardError(f"reward function '{name}' raised {type(err).__name__}: {err} on {_where(e.index, s)}") from None
+        raise RewardError(f"reward function '{name}' raised {_describe(e.error)} on {_where(e.index, samples[e.index])}"
+                          ) from None
     except CallTimeout as e:
         raise RewardError(_timeout_message(name, policy, _where(e.index, samples[e.index]))) from None
+    except CallDied as e:
+        raise RewardError(_died_message(name, e, _where(e.index, samples[e.index]))) from None
     return [_number(name, v, i, s) for i, (v, s) in enumerate(zip(values, samples))]
 
 
 def _timeout_message(name: str, policy: CallPolicy, where: str) -> str:
     return (f"reward function '{name}' did not return within reward.timeout_s={policy.timeout_s:g} s on {where} "
             "(set reward.on_timeout=SCORE to score such calls instead)")
+
+
+def _died_message(name: str, e: CallDied, where: str) -> str:
+    return (f"reward function '{name}' ended its worker process ({e.how}) on {where} (set reward.timeout_s and "
+            "reward.on_timeout=SCORE to score such calls instead)")
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message``; ``SystemExit(code)`` for a reward that called ``sys.exit`` (its message is only the code)."""
+    if isinstance(error, SystemExit):
+        return f"SystemExit({error.code!r})"
+    return f"{type(error).__name__}: {error}"
 
 
 def _where(index: int, s: Sample) -> str:

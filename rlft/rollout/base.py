@@ -89,7 +89,8 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
             to a temporary directory only when the weights exist nowhere on disk).
         tokenizer: The policy's tokenizer.
         seed: Sampling seed.
-        device: The learner's device, where the hf sampler runs too (vLLM picks its own).
+        device: The learner's device, where the hf sampler runs too (and a one-process vLLM engine,
+            on ``cuda:N``: rlft.rollout.vllm.engine_placement).
     """
     from rlft.config.validation import resolve_sampler_name
 
@@ -103,7 +104,7 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
         from rlft.rollout.vllm import VLLMSampler
 
         rank = model_cfg.lora.r if model_cfg.lora.enabled else 0
-        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, stop, rank)
+        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, stop, rank, device)
     raise ValueError(f"sampler.name='{cfg.name}'; valid choices: auto, hf, vllm")
 
 

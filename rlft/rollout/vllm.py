@@ -24,7 +24,8 @@ class VLLMSampler:
     vLLM's log-probs of the sampled tokens, after temperature, come back with the rollout.
     """
 
-    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, stop: list[int], lora_rank: int = 0):
+    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, stop: list[int], lora_rank: int = 0,
+                 device: torch.device | str | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our console shows the progress
         from vllm import LLM
@@ -45,6 +46,7 @@ class VLLMSampler:
             # already set up (tensor-parallel groups of tensor_parallel_size ranks within it), as
             # TRL's colocated mode does, instead of starting a one-process world of its own.
             extra["distributed_executor_backend"] = "external_launcher"
+        extra.update(engine_placement(device, v.tensor_parallel_size))
         if self.serves_adapter:
             rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
             extra.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
@@ -132,6 +134,45 @@ class VLLMSampler:
             torch.cuda.empty_cache()  # the learner's freed activations go back before the engine re-allocates
             self.llm.wake_up()
             self.asleep = False
+
+
+def engine_placement(device: torch.device | str | None, tensor_parallel_size: int = 1) -> dict[str, Any]:
+    """``LLM(...)`` arguments that put a one-process engine on the learner's GPU ``cuda:N``.
+
+    vLLM's ``DeviceConfig`` keeps only the device type, and its in-process executor then takes the
+    local rank, hence the GPU, from that index-less device: always GPU 0, whatever the learner's
+    ``cuda:N`` (sleep and wake then freed the wrong card, and jobs pinned to different GPUs all put
+    their engines on GPU 0). An executor that reports local rank N places the engine's worker on
+    ``cuda:N`` (vLLM sets the process's current device to it). ``CUDA_VISIBLE_DEVICES`` cannot do
+    this: the learner in the same process has initialised CUDA already, and a sweep's worker
+    process runs several jobs. Under torchrun vLLM takes the rank's GPU from LOCAL_RANK instead.
+
+    Raises:
+        ConfigError: ``cuda:N`` with a tensor-parallel engine, whose worker processes take GPUs
+            0..TP-1 whatever N.
+    """
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda" or device.index is None or launched():
+        return {}
+    if tensor_parallel_size > 1:
+        from rlft.config import ConfigError
+
+        raise ConfigError(f"trainer.device={device} with sampler.vllm.tensor_parallel_size={tensor_parallel_size}: "
+                          "vLLM's tensor-parallel workers take GPUs 0..TP-1; choose the GPUs with "
+                          "CUDA_VISIBLE_DEVICES and use trainer.device=cuda")
+    return {"distributed_executor_backend": pinned_executor(device.index)}
+
+
+def pinned_executor(index: int) -> type:
+    """vLLM's in-process executor, with its one worker on GPU ``index``."""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    class PinnedExecutor(UniProcExecutor):
+        def _distributed_args(self) -> tuple[str, int, int]:
+            init_method, rank, _ = super()._distributed_args()
+            return init_method, rank, index
+
+    return PinnedExecutor
 
 
 def _whole_adapters(model: Any) -> dict[str, Any] | None:
