@@ -64,12 +64,16 @@ def test_a_vllm_run_with_a_failing_reward_shows_rlft_lines_and_one_error(tmp_pat
     assert "vllm" in log and "FutureWarning" in log and "step    1 " in log
 
 
-@pytest.mark.parametrize("bad", [["trainer.num_prompts=4"], ["reward.fns=[tests.helpers:no_such_reward]"]])
-def test_a_config_error_of_a_job_on_ranks_is_one_line_before_any_rank_starts(tmp_path, bad):
+@pytest.mark.parametrize("bad, message", [
+    (["trainer.num_prompts=4"], "trainer.num_prompts=4 must be a multiple of the 3 ranks"),
+    (["trainer.num_prompts=3", "reward.fns=[tests.helpers:no_such_reward]"], "has no attribute 'no_such_reward'"),
+])
+def test_a_config_error_of_a_job_on_ranks_is_one_line_before_any_rank_starts(tmp_path, bad, message):
     """Each of the 3 ranks would print it, then torch's launcher its warnings."""
     r = _train([*TINY, "trainer.nproc=3", *bad, f"hydra.run.dir={tmp_path}"], tmp_path)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("rlft: error: "), r.stderr
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("rlft: error: ") and message in lines[0], \
+        r.stderr
     assert r.stdout == "" and json.loads((tmp_path / "job.json").read_text())["exit_code"] == 2
 
 
