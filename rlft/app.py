@@ -152,7 +152,8 @@ def _hydra_main() -> None:
 
 
 def task(raw: Any) -> float:
-    """One job: train on the composed config in Hydra's output directory.
+    """One job: train on the composed config in Hydra's output directory (other libraries' output
+    goes to its train.log: :mod:`rlft.console`).
 
     Returns:
         The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
@@ -169,7 +170,6 @@ def task(raw: Any) -> float:
     hc = HydraConfig.get()
     dp = from_environment()
     run_dir = Path(dp.broadcast(hc.runtime.output_dir))
-    run_dir.mkdir(parents=True, exist_ok=True)
     verbose = bool(OmegaConf.select(raw, "logger.verbose", default=False))
     with run_log(run_dir / "train.log", verbose, dp.rank if dp.active else None):
         return _job(raw, hc.mode == RunMode.MULTIRUN, dp, run_dir)
