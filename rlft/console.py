@@ -27,6 +27,7 @@ from pathlib import Path
 class _State:
     log_file: Path | None = None  # train.log of the job this process runs (None: no job)
     verbose: bool = False
+    prefix: str = ""  # "[rank N] " on a rank of several
 
 
 # Loggers whose records never show on the console: the launcher of trainer.nproc's ranks reports
@@ -96,12 +97,12 @@ def run_log(log_file: Path, verbose: bool = False, rank: int | None = None) -> I
     root.addHandler(console)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
-    saved = _State.log_file, _State.verbose
-    _State.log_file, _State.verbose = log_file, verbose
+    saved = _State.log_file, _State.verbose, _State.prefix
+    _State.log_file, _State.verbose, _State.prefix = log_file, verbose, prefix
     try:
         yield
     finally:
-        _State.log_file, _State.verbose = saved
+        _State.log_file, _State.verbose, _State.prefix = saved
         logging.captureWarnings(captured)
         root.setLevel(level)
         for h in (file_handler, console):
@@ -143,7 +144,7 @@ def quiet(what: str) -> Iterator[None]:
         stream.flush()
     saved = os.dup(1), os.dup(2)
     sink = os.open(_State.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(sink, f"--- output of {what} ---\n".encode())
+    os.write(sink, f"{_State.prefix}--- output of {what} ---\n".encode())
     try:
         os.dup2(sink, 1)
         os.dup2(sink, 2)
