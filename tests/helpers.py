@@ -136,3 +136,14 @@ def none_on_odd_length(prompt: str, completion: str, answer: str, **info):
 def none_on_level_2(prompts, completions, level, **kwargs) -> list:
     """Batched: None for rows whose ``level`` column is 2 (whole groups unscored), else the character count."""
     return [None if lv == 2 else len(c) / 10.0 for lv, c in zip(level, completions)]
+
+
+def chatty(prompt: str, completion: str, answer: str, **info) -> float:
+    """Scores 0 and, like a library it might call, warns and logs on the way (once per process:
+    the warnings module shows a warning once per place)."""
+    import logging
+    import warnings
+
+    warnings.warn("chatty_library is deprecated", FutureWarning, stacklevel=1)
+    logging.getLogger("chatty_library").warning("chatty_library says hello")
+    return 0.0

@@ -34,16 +34,30 @@ def _not_rlft(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.strip() and not RLFT_LINE.match(line)]
 
 
+CHATTY = ["reward.fns=[math_correct,tests.helpers:chatty]", "reward.weights=[1,1]"]
+
+
 def test_a_first_tiny_run_shows_only_rlft_lines(tmp_path):
-    """On a new machine (empty caches) too: the SmolLM2 conversion is one line of rlft's, not a progress bar."""
+    """On a new machine (empty caches) too: the SmolLM2 conversion is one line of rlft's, not a
+    progress bar. A reward's library that warns and logs goes to train.log."""
     run = tmp_path / "run"
-    args = [*TINY, "logger.console=true", f"hydra.run.dir={run}"]
+    args = [*TINY, *CHATTY, "logger.console=true", f"hydra.run.dir={run}"]
     r = _train(args, tmp_path, RLFT_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr == "" and _not_rlft(r.stdout) == [], r.stdout + r.stderr
     assert "(first run only)" in r.stdout.splitlines()[0] and "done: final checkpoint" in r.stdout
     assert (tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct" / "config.json").is_file()
-    assert "Converting and de-quantizing" not in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "Converting and de-quantizing" not in log
+    assert "FutureWarning: chatty_library is deprecated" in log and "chatty_library says hello" in log
+
+
+def test_logger_verbose_shows_the_libraries_output_too(tmp_path):
+    run = tmp_path / "run"
+    r = _train([*TINY, *CHATTY, "trainer.steps=1", "logger.verbose=true", f"hydra.run.dir={run}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for line in ("FutureWarning: chatty_library is deprecated", "chatty_library says hello"):
+        assert line in r.stderr and line in (run / "train.log").read_text()
 
 
 @pytest.mark.slow  # a vLLM engine start: about a minute on 2 shared cores
