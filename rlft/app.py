@@ -153,7 +153,8 @@ def _hydra_main() -> None:
 
 
 def task(raw: Any) -> float:
-    """One job: train on the composed config in Hydra's output directory.
+    """One job: train on the composed config in Hydra's output directory (other libraries' output
+    goes to its train.log: :mod:`rlft.console`).
 
     Returns:
         The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
@@ -163,23 +164,38 @@ def task(raw: Any) -> float:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from rlft.cli import user_errors
-    from rlft.config.loading import to_config
-    from rlft.distributed import from_environment, launched
-    from rlft.launch import final_accuracy
-    from rlft.rewards import RewardError
-    from rlft.trainer import train
+    import rlft.trainer  # noqa: F401  (torch's and transformers' loggers exist before run_log routes them)
+    from rlft.console import run_log
+    from rlft.distributed import from_environment
 
     hc = HydraConfig.get()
     dp = from_environment()
     run_dir = Path(dp.broadcast(hc.runtime.output_dir))
-    in_sweep = hc.mode == RunMode.MULTIRUN
+    verbose = bool(OmegaConf.select(raw, "logger.verbose", default=False))
+    with run_log(run_dir / "train.log", verbose, dp.rank if dp.active else None):
+        return _job(raw, hc.mode == RunMode.MULTIRUN, dp, run_dir)
+
+
+def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
+    """:func:`task`'s job, with third-party output going to the run's train.log."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from rlft.cli import user_errors
+    from rlft.config.loading import to_config
+    from rlft.distributed import launched
+    from rlft.launch import final_accuracy
+    from rlft.rewards import RewardError
+    from rlft.trainer import preflight, train
+
+    hc = HydraConfig.get()
     status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,
                               "started": time.time()}
     t0 = time.perf_counter()
     try:
         cfg = to_config(raw)
         if cfg.trainer.nproc > 1 and not launched():
+            preflight(cfg, cfg.trainer.nproc)
             return _run_ranks(cfg.trainer.nproc, list(hc.overrides.task), run_dir, in_sweep, status, t0)
         _check_nproc(cfg.trainer.nproc)
         metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))

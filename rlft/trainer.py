@@ -68,15 +68,7 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
     """
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)
-    if cfg.trainer.num_prompts % dp.world:
-        raise ConfigError(f"trainer.num_prompts={cfg.trainer.num_prompts} must be a multiple of the {dp.world} ranks "
-                          "(each rank samples whole groups)")
-    if cfg.trainer.strategy == "fsdp2" and not dp.active:
-        raise ConfigError("trainer.strategy=fsdp2 shards the policy over data-parallel ranks, and this is one "
-                          "process: start several (trainer.nproc=N or torchrun), or use trainer.strategy=ddp")
-    if dp.active and cfg.trainer.device.startswith("cuda:"):
-        raise ConfigError(f"trainer.device={cfg.trainer.device} under torchrun would put every rank on one GPU; "
-                          "use trainer.device=cuda (or auto): each rank takes cuda:LOCAL_RANK")
+    preflight(cfg, dp.world)
     device = resolve_device(cfg.trainer.device, local_rank() if dp.active else None)
     # Rank 0 decides (auto times GEMMs, which ranks sharing the cores would each time differently).
     precision = dp.broadcast((Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
@@ -85,8 +77,6 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
     quiet_libraries()
     seed_everything(cfg.seed)
     task = build_task(cfg.data, cfg.seed)
-    for name in cfg.reward.fns:  # fail on a bad reward name before loading the model
-        resolve_reward(name)
     a = cfg.algo
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference, device=device)
     task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler))  # counts: task.dropped
@@ -100,6 +90,27 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp)
+
+
+def preflight(cfg: Any, world: int) -> None:
+    """The cheap checks of a run on ``world`` ranks, before any model loads (trainer.nproc's launcher
+    makes them before starting the ranks, which would each report the same error).
+
+    Raises:
+        ConfigError: saying what to change (RewardNameError for a reward that does not resolve).
+        RewardError: importing a user's reward module raised.
+    """
+    for name in cfg.reward.fns:
+        resolve_reward(name)
+    if cfg.trainer.num_prompts % world:
+        raise ConfigError(f"trainer.num_prompts={cfg.trainer.num_prompts} must be a multiple of the {world} ranks "
+                          "(each rank samples whole groups)")
+    if cfg.trainer.strategy == "fsdp2" and world == 1:
+        raise ConfigError("trainer.strategy=fsdp2 shards the policy over data-parallel ranks, and this is one "
+                          "process: start several (trainer.nproc=N or torchrun), or use trainer.strategy=ddp")
+    if world > 1 and cfg.trainer.device.startswith("cuda:"):
+        raise ConfigError(f"trainer.device={cfg.trainer.device} with several ranks would put every rank on one GPU; "
+                          "use trainer.device=cuda (or auto): each rank takes cuda:LOCAL_RANK")
 
 
 @dataclass

@@ -177,3 +177,14 @@ def hangs_marked(prompt: str, completion: str, answer: str, **info) -> float:
     Path(os.environ["RLFT_TEST_MARK"]).touch()
     time.sleep(3600)
     return 0.0
+
+
+def chatty(prompt: str, completion: str, answer: str, **info) -> float:
+    """Scores 0 and, like a library it might call, warns and logs on the way (once per process:
+    the warnings module shows a warning once per place)."""
+    import logging
+    import warnings
+
+    warnings.warn("chatty_library is deprecated", FutureWarning, stacklevel=1)
+    logging.getLogger("chatty_library").warning("chatty_library says hello")
+    return 0.0

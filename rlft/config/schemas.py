@@ -280,6 +280,9 @@ class WandbConfig:
 class LoggerConfig:
     console: bool = True
     """Progress bar and one line per step on the console."""
+    verbose: bool = False
+    """Also show other libraries' log records, warnings and progress bars on the console (they always go to
+    train.log; without it the console shows rlft's lines and the libraries' errors)."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases settings."""
     rollouts: bool = False

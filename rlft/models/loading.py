@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, redirect_stderr
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,13 @@ def smollm2_dir() -> Path:
     gguf = _gguf_path()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    from rlft.console import note, verbose
+
+    note(f"converting the SmolLM2 GGUF file to {target} (first run only)")
+    # transformers draws its conversion bar with tqdm itself (its progress-bar switch does not reach it).
+    with nullcontext() if verbose() else redirect_stderr(io.StringIO()):
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a GGUF-quantized model; the weights are already dequantized.
     del model.config.quantization_config
     model.hf_quantizer = None

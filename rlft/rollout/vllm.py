@@ -27,8 +27,9 @@ class VLLMSampler:
     def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, stop: list[int], lora_rank: int = 0,
                  device: torch.device | str | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our console shows the progress
-        from vllm import LLM
+        # Where vLLM configures its own logging (outside a training job: rlft eval), errors only.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        from rlft.console import quiet
 
         v = cfg.vllm
         self.on_gpu = torch.cuda.is_available()
@@ -50,7 +51,21 @@ class VLLMSampler:
         if self.serves_adapter:
             rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
             extra.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
-        self.llm = LLM(
+        # What vLLM's C++ side prints while it starts (the CPU backend's NUMA binding) goes to train.log.
+        with quiet("vLLM's engine start"):
+            self.llm = self._engine(model_dir, v, dtype, seed, extra)
+        self.stop = list(stop)
+        self.dtype = self.llm.llm_engine.model_config.dtype
+        self.asleep = False
+        self.adapter: Any = None  # LoRARequest of the synced adapter (None: base only, = a fresh adapter)
+        self.adapter_dir = ""
+
+    def _engine(self, model_dir: str, v: Any, dtype: str, seed: int, extra: dict[str, Any]) -> Any:
+        from vllm import LLM
+
+        from rlft.console import verbose
+
+        return LLM(
             model=model_dir,
             dtype={"bf16": "bfloat16", "fp32": "float32"}.get(v.dtype if v.dtype != "auto" else dtype, "bfloat16"),
             max_model_len=v.max_model_len,
@@ -60,14 +75,10 @@ class VLLMSampler:
             enable_sleep_mode=self.sleep_between,
             enforce_eager=(not self.on_gpu) if v.enforce_eager is None else v.enforce_eager,
             logprobs_mode="processed_logprobs",  # log-probs after temperature, like the learner's
+            use_tqdm_on_load=verbose(),  # our console shows the progress
             seed=seed,
             **extra,
         )
-        self.stop = list(stop)
-        self.dtype = self.llm.llm_engine.model_config.dtype
-        self.asleep = False
-        self.adapter: Any = None  # LoRARequest of the synced adapter (None: base only, = a fresh adapter)
-        self.adapter_dir = ""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
         from vllm import SamplingParams as VSamplingParams

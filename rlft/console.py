@@ -1,0 +1,158 @@
+"""The console shows rlft's own lines; other libraries' chatter goes to the run's train.log.
+
+While a job runs (:func:`run_log`), what libraries would print goes to train.log instead:
+
+- log records: every logger's console handlers are detached and its records propagate to the
+  root logger, whose file handler writes them (Hydra's own records keep Hydra's console handler:
+  they are the sweep's lines);
+- Python warnings, as records of ``py.warnings``;
+- what a library writes to file descriptors 1 and 2 while it starts (vLLM's C++ warnings),
+  through :func:`quiet`; progress bars are turned off where the library allows it.
+
+A third-party record at ERROR or above still shows, as one line naming its logger: a library
+reporting a failure is something the user must see. ``logger.verbose=true`` shows every record
+and leaves the progress bars on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class _State:
+    log_file: Path | None = None  # train.log of the job this process runs (None: no job)
+    verbose: bool = False
+    prefix: str = ""  # "[rank N] " on a rank of several
+
+
+# Loggers whose records never show on the console: the launcher of trainer.nproc's ranks reports
+# a rank's failure, which that rank already printed as rlft's one line.
+_FILE_ONLY = ("torch.distributed.elastic",)
+
+
+def verbose() -> bool:
+    """Third-party output on the console too (``logger.verbose=true``)."""
+    return _State.verbose
+
+
+def note(message: str) -> None:
+    """An rlft line printed before the run's console exists (on the first rank only)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(message, flush=True)
+
+
+class _ConsoleFilter(logging.Filter):
+    """On a console handler: Hydra's records, and third-party failures (all records when verbose)."""
+
+    def __init__(self, hydra_handler: bool):
+        super().__init__()
+        self.hydra_handler = hydra_handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        hydra = record.name == "hydra" or record.name.startswith("hydra.")
+        if self.hydra_handler:
+            return hydra
+        if hydra or any(record.name == n or record.name.startswith(n + ".") for n in _FILE_ONLY):
+            return False
+        return _State.verbose or record.levelno >= logging.ERROR
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    """A handler that writes to this process's stdout or stderr."""
+    if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
+        return False
+    stream = handler.stream
+    if stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        return True
+    try:
+        return stream.fileno() in (1, 2)
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (a StringIO)
+        return False
+
+
+@contextmanager
+def run_log(log_file: Path, verbose: bool = False, rank: int | None = None) -> Iterator[None]:
+    """Route third-party output to ``log_file`` (train.log) while a job runs; ``rank``: prefix of
+    this rank's records when the job has several."""
+    # Set before vLLM is imported: its records then propagate here instead of to its own stdout handler.
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    root = logging.getLogger()
+    detached = _detach_console_handlers()
+    file_handler = logging.FileHandler(log_file, delay=True)  # no train.log until there is something to write
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    file_handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s"))
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter(f"{prefix}%(levelname)s %(name)s: %(message)s"))
+    console.addFilter(_ConsoleFilter(hydra_handler=False))
+    hydra_filters = [(h, _ConsoleFilter(hydra_handler=True)) for h in root.handlers if _is_console(h)]
+    for h, f in hydra_filters:
+        h.addFilter(f)
+    level, captured = root.level, logging._warnings_showwarning is not None  # type: ignore[attr-defined]
+    root.addHandler(file_handler)
+    root.addHandler(console)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    saved = _State.log_file, _State.verbose, _State.prefix
+    _State.log_file, _State.verbose, _State.prefix = log_file, verbose, prefix
+    try:
+        yield
+    finally:
+        _State.log_file, _State.verbose, _State.prefix = saved
+        logging.captureWarnings(captured)
+        root.setLevel(level)
+        for h in (file_handler, console):
+            root.removeHandler(h)
+        file_handler.close()
+        for h, f in hydra_filters:
+            h.removeFilter(f)
+        for logger, handlers, propagate in detached:
+            for h in handlers:
+                logger.addHandler(h)
+            logger.propagate = propagate
+
+
+def _detach_console_handlers() -> list[tuple[logging.Logger, list[logging.Handler], bool]]:
+    """Take the console handlers off every named logger (torch's, transformers', ...) and let its
+    records propagate to the root; returns what to put back."""
+    detached = []
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if not isinstance(logger, logging.Logger) or logger.name == "rlft" or logger.name.startswith("rlft."):
+            continue
+        handlers = [h for h in logger.handlers if _is_console(h)]
+        if not handlers:  # a logger that keeps its records to itself (torch's trace) stays so
+            continue
+        detached.append((logger, handlers, logger.propagate))
+        for h in handlers:
+            logger.removeHandler(h)
+        logger.propagate = True
+    return detached
+
+
+@contextmanager
+def quiet(what: str) -> Iterator[None]:
+    """What a library writes straight to file descriptors 1 and 2 while it starts (C++ warnings,
+    stray prints) goes to train.log, with a line naming ``what``, instead of the console."""
+    if _State.verbose or _State.log_file is None:
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(1), os.dup(2)
+    sink = os.open(_State.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(sink, f"{_State.prefix}--- output of {what} ---\n".encode())
+    try:
+        os.dup2(sink, 1)
+        os.dup2(sink, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, sink):
+            os.close(fd)
