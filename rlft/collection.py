@@ -184,13 +184,15 @@ def untruncated(s: Any) -> bool:
 
 
 def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
-    """Over every completion sampled this step (kept or not)."""
+    """Over every completion sampled this step (kept or not). A mean over no scored completion is
+    left out (metrics.jsonl holds numbers only)."""
     scores = torch.cat([r.scores for r in rounds])
-    scored = scores[scores.isfinite()]  # NaN: unscored (every reward function returned None)
+    # NaN: unscored (every reward function returned None). float64: equal scores have a std of exactly 0.
+    scored = scores[scores.isfinite()].double()
     lengths = [len(x) for r in rounds for x in r.gens.completion_ids]
     tokens = float(sum(lengths))
-    out = {
-        "reward/mean": float(scored.mean()) if scored.numel() else float("nan"),
+    out = {"reward/mean": float(scored.mean())} if scored.numel() else {}
+    out.update({
         "reward/std": float(scored.std()) if scored.numel() > 1 else 0.0,
         "reward/unscored_frac": 1.0 - scored.numel() / scores.numel(),
         "tokens/generated": tokens,
@@ -199,8 +201,9 @@ def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
         "time/generate_s": sum(r.generate_s for r in rounds),
         "time/reward_s": sum(r.reward_s for r in rounds),
         "throughput/tokens_per_s": tokens / max(sum(r.generate_s for r in rounds), 1e-9),
-    }
+    })
     for name in rounds[0].per_fn:
         values = np.array([v for r in rounds for v in r.per_fn[name]], dtype=float)
-        out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)])) if not np.isnan(values).all() else float("nan")
+        if not np.isnan(values).all():
+            out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)]))
     return out

@@ -136,3 +136,8 @@ def none_on_odd_length(prompt: str, completion: str, answer: str, **info):
 def none_on_level_2(prompts, completions, level, **kwargs) -> list:
     """Batched: None for rows whose ``level`` column is 2 (whole groups unscored), else the character count."""
     return [None if lv == 2 else len(c) / 10.0 for lv, c in zip(level, completions)]
+
+
+def one(prompt: str, completion: str, answer: str, **info) -> float:
+    """The same score for every completion (its weight sets the value): no group carries signal."""
+    return 1.0
