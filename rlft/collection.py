@@ -45,9 +45,19 @@ class Rollout:
     rows: list[dict[str, Any]]
 
 
-def prompt_seeds(seed: int, cursor: int, indices: range) -> tuple[int, ...]:
-    """One sampling seed per prompt, from the run seed, the data position and the prompt's index in the batch."""
-    return tuple(((seed * 1_000_003 + cursor) * 65_537 + i) % 2**31 for i in indices)
+def prompt_seeds(seed: int, cursor: int, indices: range, num_prompts: int, n: int) -> tuple[int, ...]:
+    """One sampling seed per prompt, from the run seed, the data position and the prompt's index in the batch.
+
+    Completion j of a prompt seeded s is seeded s + j: vLLM's rule for the n children of a
+    seeded request, which the HF sampler follows. So the prompts of the run are numbered in
+    sampling order (data position x ``num_prompts`` + index; a position is a step or one of
+    DAPO's sampling rounds), and prompt k's completions take the seeds base + k n ... base + k n
+    + n - 1, base from the run seed: no two completions of a run share a seed, even in the low 32
+    bits, up to 2**32 completions. Prompt seeds 1 apart, as they were, gave (prompt i, sample j)
+    the noise of (i + 1, j - 1): 16 prompts x 8 samples drew from 23 distinct seeds.
+    """
+    base = (seed % 2**30) * 2**32
+    return tuple(base + ((cursor * num_prompts + i) * n) % 2**32 for i in indices)
 
 
 def sampling_params(cfg: Any, cursor: int, indices: range | None = None) -> SamplingParams:
@@ -56,7 +66,7 @@ def sampling_params(cfg: Any, cursor: int, indices: range | None = None) -> Samp
     indices = range(cfg.trainer.num_prompts) if indices is None else indices
     return SamplingParams(
         n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-        seed=(cfg.seed * 1_000_003 + cursor) % 2**31, prompt_seeds=prompt_seeds(cfg.seed, cursor, indices),
+        seed=(cfg.seed * 1_000_003 + cursor) % 2**31, prompt_seeds=prompt_seeds(cfg.seed, cursor, indices, cfg.trainer.num_prompts, s.n),
     )
 
 
