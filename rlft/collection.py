@@ -45,9 +45,19 @@ class Rollout:
     rows: list[dict[str, Any]]
 
 
-def prompt_seeds(seed: int, cursor: int, indices: range) -> tuple[int, ...]:
-    """One sampling seed per prompt, from the run seed, the data position and the prompt's index in the batch."""
-    return tuple(((seed * 1_000_003 + cursor) * 65_537 + i) % 2**31 for i in indices)
+def prompt_seeds(seed: int, cursor: int, indices: range, num_prompts: int, n: int) -> tuple[int, ...]:
+    """One sampling seed per prompt, from the run seed, the data position and the prompt's index in the batch.
+
+    Completion j of a prompt seeded s is seeded s + j: vLLM's rule for the n children of a
+    seeded request, which the HF sampler follows. So the prompts of the run are numbered in
+    sampling order (data position x ``num_prompts`` + index; a position is a step or one of
+    DAPO's sampling rounds), and prompt k's completions take the seeds base + k n ... base + k n
+    + n - 1, base from the run seed: no two completions of a run share a seed, even in the low 32
+    bits, up to 2**32 completions. Prompt seeds 1 apart, as they were, gave (prompt i, sample j)
+    the noise of (i + 1, j - 1): 16 prompts x 8 samples drew from 23 distinct seeds.
+    """
+    base = (seed % 2**30) * 2**32
+    return tuple(base + ((cursor * num_prompts + i) * n) % 2**32 for i in indices)
 
 
 def sampling_params(cfg: Any, cursor: int, indices: range | None = None) -> SamplingParams:
@@ -56,7 +66,7 @@ def sampling_params(cfg: Any, cursor: int, indices: range | None = None) -> Samp
     indices = range(cfg.trainer.num_prompts) if indices is None else indices
     return SamplingParams(
         n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-        seed=(cfg.seed * 1_000_003 + cursor) % 2**31, prompt_seeds=prompt_seeds(cfg.seed, cursor, indices),
+        seed=(cfg.seed * 1_000_003 + cursor) % 2**31, prompt_seeds=prompt_seeds(cfg.seed, cursor, indices, cfg.trainer.num_prompts, s.n),
     )
 
 
@@ -184,13 +194,15 @@ def untruncated(s: Any) -> bool:
 
 
 def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
-    """Over every completion sampled this step (kept or not)."""
+    """Over every completion sampled this step (kept or not). A mean over no scored completion is
+    left out (metrics.jsonl holds numbers only)."""
     scores = torch.cat([r.scores for r in rounds])
-    scored = scores[scores.isfinite()]  # NaN: unscored (every reward function returned None)
+    # NaN: unscored (every reward function returned None). float64: equal scores have a std of exactly 0.
+    scored = scores[scores.isfinite()].double()
     lengths = [len(x) for r in rounds for x in r.gens.completion_ids]
     tokens = float(sum(lengths))
-    out = {
-        "reward/mean": float(scored.mean()) if scored.numel() else float("nan"),
+    out = {"reward/mean": float(scored.mean())} if scored.numel() else {}
+    out.update({
         "reward/std": float(scored.std()) if scored.numel() > 1 else 0.0,
         "reward/unscored_frac": 1.0 - scored.numel() / scores.numel(),
         "tokens/generated": tokens,
@@ -199,8 +211,9 @@ def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
         "time/generate_s": sum(r.generate_s for r in rounds),
         "time/reward_s": sum(r.reward_s for r in rounds),
         "throughput/tokens_per_s": tokens / max(sum(r.generate_s for r in rounds), 1e-9),
-    }
+    })
     for name in rounds[0].per_fn:
         values = np.array([v for r in rounds for v in r.per_fn[name]], dtype=float)
-        out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)])) if not np.isnan(values).all() else float("nan")
+        if not np.isnan(values).all():
+            out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)]))
     return out

@@ -9,6 +9,9 @@ its random state, rank 0 writes) and the app's ``job.json`` (rank 0) do.
 from __future__ import annotations
 
 import json
+import math
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,10 @@ from rlft import run_state
 from rlft.distributed import DataParallel
 from rlft.plots import plot_run
 from rlft.tracking import Tracker, keep_metrics_through
+
+# Tests kill the process inside a torn write: a step's rows but the last line's end are written, then
+# this many seconds pass.
+FAULT_ROLLOUT_DELAY_ENV = "RLFT_FAULT_ROLLOUT_DELAY"
 
 
 @dataclass
@@ -54,9 +61,15 @@ class Outputs:
         """With ``logger.rollouts``: the step's kept rows (every rank's) to rollouts.jsonl."""
         if self.tracker is None or not self.cfg.logger.rollouts:
             return
+        text = "".join(json.dumps({"step": step, **row}) + "\n" for row in rows)
         with (self.run_dir / "rollouts.jsonl").open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}) + "\n")
+            cut = len(text) - 2 if os.environ.get(FAULT_ROLLOUT_DELAY_ENV) and text else 0
+            if cut:
+                f.write(text[:cut])
+                f.flush()
+                time.sleep(float(os.environ[FAULT_ROLLOUT_DELAY_ENV]))
+            # The step's rows in one write: a kill leaves at most a cut last line, which a resume drops.
+            f.write(text[cut:])
 
     def save(self, c: Any, step: int, metrics: dict[str, float]) -> Path:
         """Checkpoint after ``step`` (a collective: every rank calls it; rank 0 writes)."""
@@ -78,11 +91,22 @@ class Outputs:
 
 
 def _keep_rollouts_through(path: Path, step: int) -> None:
-    """Resuming at ``step`` (0: a fresh start): drop rows logged after it, so no step appears twice."""
+    """Resuming at ``step`` (0: a fresh start): drop rows logged after it, so no step appears twice,
+    and a line cut short by a killed process (as ``read_metrics`` skips one in metrics.jsonl)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [line for line in path.read_text().splitlines() if _row_step(line) <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+def _row_step(line: str) -> float:
+    """A rollouts.jsonl line's step; infinity for a line that is not a whole row."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        return math.inf
 
 
 def _as_dict(resolved_yaml: str | None) -> dict:

@@ -57,11 +57,11 @@ class Tracker:
         self.progress.console.print(message, highlight=False, markup=False)  # '[...]' in a message is text
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        numbers = _finite(metrics)
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps({"step": step, **numbers}) + "\n")
         if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+            self.wandb.log(numbers, step=step)
         parts = [f"step {step:>4}"] + [
             f"{label} {fmt.format(metrics[k])}" for k, label, fmt in _CONSOLE_KEYS if k in metrics
         ]
@@ -76,9 +76,10 @@ class Tracker:
         self._file_handler.close()
 
 
-def _jsonable(v: Any) -> Any:
-    v = float(v)
-    return v if math.isfinite(v) else str(v)
+def _finite(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics that have a value: a NaN or infinity (a mean over nothing, an overflowed norm)
+    is left out, so metrics.jsonl and wandb hold numbers only."""
+    return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
 
 
 def _wandb_id(run_dir: Path) -> str:

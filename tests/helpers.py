@@ -188,3 +188,8 @@ def chatty(prompt: str, completion: str, answer: str, **info) -> float:
     warnings.warn("chatty_library is deprecated", FutureWarning, stacklevel=1)
     logging.getLogger("chatty_library").warning("chatty_library says hello")
     return 0.0
+
+
+def one(prompt: str, completion: str, answer: str, **info) -> float:
+    """The same score for every completion (its weight sets the value): no group carries signal."""
+    return 1.0

@@ -147,3 +147,82 @@ def test_masked_helpers():
 def test_unknown_registry_name_lists_choices():
     with pytest.raises(ConfigError, match="valid choices: .*seq-mean-token-mean.*token-mean"):
         LOSS_AGGREGATIONS.check("tokenmean", "algo.loss_agg")
+
+
+def _exact_group_advantages(scores: list[float], groups: list[int], norm_by_std: bool, eps: float) -> list[float]:
+    """The slow reference: each group's mean and variance as exact fractions of the float32 scores."""
+    from fractions import Fraction
+
+    out = []
+    for s, g in zip(scores, groups):
+        members = [Fraction(x) for x, h in zip(scores, groups) if h == g]
+        mean = sum(members) / len(members)
+        centred = Fraction(s) - mean
+        if norm_by_std:
+            var = sum((m - mean) ** 2 for m in members) / (len(members) - 1)
+            out.append(float(centred) / (math.sqrt(var) + eps))
+        else:
+            out.append(float(centred))
+    return out
+
+
+@pytest.mark.parametrize("value", [0.2, 0.32, -0.32, 1.2, 0.7, 1 / 3, -1.5, 1.0])
+@pytest.mark.parametrize("norm_by_std", [True, False], ids=["grpo", "dr-grpo"])
+def test_a_group_of_equal_scores_gets_exactly_zero_advantage(value, norm_by_std):
+    """Issue 23: eight scores of 1.2 (a float32 mean one rounding step off) gave every member +0.106
+    under (R - mean) / (std + 1e-6); 0.2 gave -0.015 and -0.32 gave -0.029. No signal, no gradient."""
+    algo = SimpleNamespace(**{**vars(ALGO), "norm_adv_by_std": norm_by_std})
+    for size in (2, 4, 8, 16, 64):
+        scores = torch.full((size,), value)
+        adv, _ = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(scores, torch.ones(size, 3), torch.zeros(size)), algo)
+        assert torch.count_nonzero(adv) == 0, (value, size, adv[0, 0].item())
+
+
+def test_equal_and_varied_groups_match_exact_fractions():
+    """Weighted sums as rewards make them (math_correct + 0.2 format - 0.32 length): the equal groups
+    get 0, the others what exact arithmetic gives, and the float32 formula's values (as before)."""
+    g = torch.Generator().manual_seed(1)
+    parts = torch.randint(0, 2, (3, 64), generator=g).float()
+    scores = parts[0] + 0.2 * parts[1] - 0.32 * parts[2] * torch.rand(64, generator=g)
+    scores[:8] = 1.2  # all correct, all with the format bonus
+    scores[8:16] = -0.32
+    scores[16:24] = 0.2
+    groups = torch.arange(8).repeat_interleave(8)
+    for norm_by_std in (True, False):
+        algo = SimpleNamespace(**{**vars(ALGO), "norm_adv_by_std": norm_by_std})
+        adv, _ = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(scores, torch.ones(64, 1), groups), algo)
+        want = _exact_group_advantages(scores.tolist(), groups.tolist(), norm_by_std, 1e-6)
+        assert adv[:24, 0].tolist() == [0.0] * 24
+        assert adv[:, 0].tolist() == pytest.approx(want, rel=1e-6, abs=1e-7)
+        for k in range(3, 8):  # varied groups: the float32 formula, up to float32 rounding
+            s = scores[groups == k]
+            old = (s - s.mean()) / (s.std() + 1e-6) if norm_by_std else s - s.mean()
+            assert adv[groups == k, 0].tolist() == pytest.approx(old.tolist(), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("value", [0.2, 0.32, -0.32, 0.7, 1.2])
+def test_whitening_a_batch_of_equal_values_gives_exactly_zero(value):
+    """PPO's whitening divides by sqrt(var + 1e-8): a float32 mean off by one rounding step became
+    ~1e-4 on every token (0.7: +6e-4)."""
+    mask = torch.ones(16, 50)
+    mask[3, 20:] = 0
+    w = masked_whiten(torch.full((16, 50), value), mask)
+    assert torch.count_nonzero(w) == 0
+    # GAE with gamma = lam = 1 and no values: every token's advantage is its row's score.
+    inputs = AdvantageInputs(torch.zeros(16), mask, torch.arange(16), torch.zeros(16, 50), torch.zeros(16, 50))
+    inputs.token_rewards[torch.arange(16), mask.sum(1).long() - 1] = value
+    adv, _ = ADV_ESTIMATORS.get("gae")(inputs, SimpleNamespace(gamma=1.0, lam=1.0, whiten_advantages=True))
+    assert torch.count_nonzero(adv) == 0
+
+
+def test_whitening_matches_exact_fractions():
+    from fractions import Fraction
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 9, generator=g)
+    mask = (torch.rand(6, 9, generator=g) < 0.7).float()
+    vals = [Fraction(v) for v, m in zip(x.flatten().tolist(), mask.flatten().tolist()) if m]
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+    want = [float(Fraction(v) - mean) / std * m for v, m in zip(x.flatten().tolist(), mask.flatten().tolist())]
+    assert masked_whiten(x, mask, eps=0.0).flatten().tolist() == pytest.approx(want, rel=1e-6, abs=1e-7)

@@ -16,13 +16,14 @@ from helpers import write_eos_model
 from safetensors.torch import load_file
 
 from rlft import checkpoint as ckpt
+from rlft.outputs import FAULT_ROLLOUT_DELAY_ENV
 from rlft.tracking import read_metrics
 
 STEPS = 6
 RUN = [
     *[a for a in TINY if not a.startswith(("trainer.steps", "trainer.eval_every"))],
     f"trainer.steps={STEPS}", "trainer.eval_every=3", "trainer.save_every=1",
-    "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]", "optim.lr=1e-2",
+    "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]", "optim.lr=1e-2", "logger.rollouts=true",
 ]
 
 
@@ -36,10 +37,16 @@ def _weights(run_dir: Path, step: int = STEPS) -> dict:
     return load_file(str(run_dir / "checkpoints" / ckpt.step_dir_name(step) / "trainable.safetensors"))
 
 
+def _rollout_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+
+
 def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
     ma, mb = _comparable(a), _comparable(b)
     assert [r["step"] for r in mb] == list(range(steps + 1)), "metrics.jsonl has missing or repeated steps"
     assert ma == mb
+    ra, rb = _rollout_rows(a), _rollout_rows(b)
+    assert sorted({r["step"] for r in rb}) == list(range(1, steps + 1)) and ra == rb, "rollouts.jsonl differs"
     wa, wb = _weights(a, steps), _weights(b, steps)
     assert wa.keys() == wb.keys()
     assert all(bool((wa[k] == wb[k]).all()) for k in wa), "final weights differ"
@@ -71,6 +78,12 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 180) -> None:
     proc.wait()
 
 
+def _torn(path: Path) -> bool:
+    """The file ends inside a line (a write cut short)."""
+    text = path.read_bytes() if path.exists() else b""
+    return bool(text) and not text.endswith(b"\n")
+
+
 def _logged_step(run: Path) -> int:
     return max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=-1)
 
@@ -87,6 +100,11 @@ def test_kill9_anywhere_then_resume_matches_uninterrupted_run(reference, tmp_pat
     _kill_when(_spawn(run, []), lambda: _logged_step(run) >= 2)
     after_2 = ckpt.latest_checkpoint(run)
     assert after_2 is not None and ckpt.is_complete(after_2)
+
+    # 2b. Killed inside a torn write of a step's rollout rows: the cut line must not stop a resume.
+    rollouts = run / "rollouts.jsonl"
+    _kill_when(_spawn(run, [], env={FAULT_ROLLOUT_DELAY_ENV: "120"}), lambda: _torn(rollouts))
+    assert ckpt.latest_checkpoint(run) == after_2
 
     # 3. Killed while writing a checkpoint: the half-written one must be invisible.
     proc = _spawn(run, [], env={ckpt.FAULT_DELAY_ENV: "120"})

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from rlft.config import compose
 from rlft.trainer import train
-from tests.conftest import TINY, run_cli
+from tests.conftest import ROOT, TINY, run_cli
 
 
 def _lora_weights(model) -> dict[str, torch.Tensor]:
@@ -119,3 +120,15 @@ def test_time_budget_stops_evaluates_and_checkpoints(tmp_path):
     assert "eval/accuracy" in rows[1]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
     assert "time budget of 1e-05 min reached after step 1" in (run / "train.log").read_text()
+
+
+def test_a_step_where_every_sample_scores_the_same_has_no_gradient(tmp_path):
+    """Issue 23: every sample scored -0.32 (not exact in float32) logged reward/std 3e-08,
+    adv/mean -0.029 and loss 0.029: a gradient where GRPO gives none."""
+    run = tmp_path / "run"
+    r = run_cli(["train", *TINY, "trainer.steps=1", "reward.fns=[math_correct,tests.helpers:one]",
+                 "reward.weights=[1,-0.32]", f"hydra.run.dir={run}"], cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    step = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["reward/mean"] == pytest.approx(-0.32) and step["reward/std"] == 0.0
+    assert step["adv/mean"] == step["adv/std"] == step["loss"] == 0.0, step

@@ -82,3 +82,22 @@ def test_training_with_unscored_samples(tmp_path, algo):
         assert math.isfinite(step[key]), (key, step)
     assert step["response/mean_length"] == 8  # the random tiny model never stops: every row has 8 tokens
     assert step["response/loss_tokens"] == pytest.approx(2 * 4 * 8 * (1 - step["reward/unscored_frac"]))  # none unscored
+
+
+def test_a_reward_that_scores_nothing_in_a_step_is_absent_from_metrics(tmp_path):
+    """Issue 23: a function that scored no sample was logged as the string "nan"; metrics.jsonl
+    values are numbers. With no function scoring anything, reward/mean is absent too."""
+    none = "tests.helpers:batched_none"
+    for fns, weights, absent in ((f"[tests.helpers:char_count,{none}]", "[1,1]", [f"reward/{none}"]),
+                                 (f"[{none}]", "[1]", [f"reward/{none}", "reward/mean"])):
+        run = tmp_path / str(len(absent))
+        proc = run_cli(["train", *TINY, "trainer.steps=1", f"reward.fns={fns}", f"reward.weights={weights}",
+                        "logger.console=true",
+                        f"hydra.run.dir={run}"], cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows = read_metrics(run)
+        for row in rows:
+            assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in row.values()), row
+        step = rows[-1]
+        assert step["step"] == 1 and not [k for k in absent if k in step], step
+        assert step["reward/unscored_frac"] == (1.0 if len(absent) == 2 else 0.0)

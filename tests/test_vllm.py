@@ -255,3 +255,44 @@ def test_vllm_resume_is_exact_on_smollm2(tmp_path):
             "logger.console=false", "reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]
     steps = _resume_matches(tmp_path, args, steps=3, cut=2)[1:]
     assert any(m["loss"] != 0 for m in steps)
+
+
+def _vllm_child_seeds(cfg, cursor: int, indices: range) -> list[int]:
+    """The seed of each completion of one rank's call on GPU, given by vLLM's own parallel-sampling
+    code (``ParentRequest``: child j of a request seeded s gets s + j) from the parameters rlft sends."""
+    from types import SimpleNamespace
+
+    from vllm.v1.engine.parallel_sampling import ParentRequest
+
+    from rlft.collection import sampling_params
+    from rlft.rollout.vllm import request_params
+
+    seeds = []
+    for k, sp in enumerate(request_params(sampling_params(cfg, cursor, indices), len(indices), [], seeded=True)):
+        parent = ParentRequest(SimpleNamespace(request_id=str(k), external_req_id=str(k), params=sp))
+        seeds += [parent.get_child_info(j)[1].seed for j in range(sp.n)]
+    return seeds
+
+
+@pytest.mark.parametrize("num_prompts,n", [(16, 8), (64, 16), (512, 8), (32, 64)])
+def test_no_two_completions_of_a_run_share_a_vllm_seed(num_prompts, n):
+    """Issue 23: prompt seeds 1 apart gave (prompt i, sample j) the seed of (i + 1, j - 1): 16 prompts x
+    8 samples drew from 23 distinct seeds. Over two steps of three sampling rounds (DAPO: a data
+    position each), split over 1 to 8 data-parallel ranks (each sampling its own prompt indices)."""
+    from rlft.collection import sampling_params
+    from rlft.config import compose
+    from rlft.rollout.base import completion_seeds
+
+    cfg, _, _ = compose([*VLLM_TINY, f"trainer.num_prompts={num_prompts}", f"sampler.n={n}"])
+    by_world = {}
+    for world in (1, 2, 4, 8):
+        share = num_prompts // world
+        by_world[world] = [s for cursor in range(2 * 3) for rank in range(world)
+                           for s in _vllm_child_seeds(cfg, cursor, range(rank * share, (rank + 1) * share))]
+    seeds = by_world[1]
+    assert len(seeds) == 2 * 3 * num_prompts * n
+    assert len(set(seeds)) == len(seeds), f"{len(set(seeds))} distinct seeds for {len(seeds)} completions"
+    assert len({s % 2**32 for s in seeds}) == len(seeds)  # distinct even to a 32-bit generator
+    assert 0 <= min(seeds) and max(seeds) < 2**63  # vLLM keeps seeds in int64
+    assert all(w == seeds for w in by_world.values())  # the same seed per prompt whatever the world size
+    assert completion_seeds(sampling_params(cfg, 0)) == seeds[: num_prompts * n]  # the HF sampler's rule

@@ -42,6 +42,11 @@ def group_normalized_scores(scores: Tensor, group_ids: Tensor, norm_by_std: bool
     Unscored samples (NaN scores) are left out of their group's mean and std and get 0; so does
     every member of a group with fewer than 2 scored samples.
 
+    The statistics are taken in float64: a group of equal float32 scores then has its score as its
+    exact mean, so every member gets exactly 0, as GRPO means. In float32 (or torch.mean) the mean
+    of eight 1.2s is one rounding step off, and dividing that by (std + eps) ~ eps gave every
+    member an advantage of +0.1.
+
     Args:
         scores: Shape (B,); NaN marks an unscored sample.
         group_ids: Shape (B,), integer group labels.
@@ -53,16 +58,16 @@ def group_normalized_scores(scores: Tensor, group_ids: Tensor, norm_by_std: bool
     """
     uniq, inverse = torch.unique(group_ids, return_inverse=True)
     scored = torch.isfinite(scores)
-    values = torch.where(scored, scores, torch.zeros_like(scores))
-    zeros = torch.zeros(uniq.numel(), dtype=scores.dtype, device=scores.device)
-    counts = zeros.clone().index_add_(0, inverse, scored.to(scores.dtype))
+    values = torch.where(scored, scores, torch.zeros_like(scores)).double()
+    zeros = torch.zeros(uniq.numel(), dtype=torch.float64, device=scores.device)
+    counts = zeros.clone().index_add_(0, inverse, scored.double())
     means = zeros.clone().index_add_(0, inverse, values) / counts.clamp(min=1)
     centred = torch.where(scored, values - means[inverse], torch.zeros_like(values))
     if norm_by_std:
         sq = zeros.clone().index_add_(0, inverse, centred**2)
         std = torch.sqrt(sq / (counts - 1).clamp(min=1))
         centred = centred / (std[inverse] + eps)
-    return torch.where(counts[inverse] >= 2, centred, torch.zeros_like(centred))
+    return torch.where(counts[inverse] >= 2, centred, torch.zeros_like(centred)).to(scores.dtype)
 
 
 @ADV_ESTIMATORS.register("grpo")

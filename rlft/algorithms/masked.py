@@ -34,9 +34,14 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 
 def masked_moments(x: Tensor, mask: Tensor, reduce: Reduce = local) -> tuple[Tensor, Tensor, Tensor]:
-    """``(mean, unbiased variance, count)`` of the masked entries of ``x`` (scalars), over every
-    rank's entries when ``reduce`` sums over ranks (two passes, as one process computes them)."""
-    sums = reduce(torch.stack([masked_sum(x, mask), mask.sum().to(x.dtype)]))
+    """``(mean, unbiased variance, count)`` of the masked entries of ``x`` (float64 scalars), over every
+    rank's entries when ``reduce`` sums over ranks (two passes, as one process computes them).
+
+    Summed in float64, so that entries that are all equal have their value as their exact mean
+    and a variance of exactly 0 (a float32 sum is off by rounding steps, which whitening
+    would then blow up by 1/sqrt(eps))."""
+    x, mask = x.double(), mask.double()
+    sums = reduce(torch.stack([masked_sum(x, mask), mask.sum()]))
     mean = sums[0] / sums[1].clamp(min=1)
     sq = reduce(masked_sum((x - mean) ** 2, mask).reshape(1))[0]
     return mean, sq / (sums[1] - 1).clamp(min=1), sums[1]
@@ -51,4 +56,4 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, reduce: Reduce = l
     """Normalize the masked entries of ``x`` to mean 0, std 1 (over every rank's entries with
     ``reduce``); masked-out entries become 0."""
     mean, var, _ = masked_moments(x, mask, reduce)
-    return (x - mean) * torch.rsqrt(var + eps) * mask
+    return ((x.double() - mean) * torch.rsqrt(var + eps) * mask).to(x.dtype)

@@ -27,7 +27,8 @@ class SamplingParams:
     prompt_seeds: tuple[int, ...] | None = None
     """One seed per prompt (overrides ``seed``): a prompt's completions then depend only on its seed
     and the weights, not on which other prompts share the call, so the rollout of a step is the same
-    whether one process samples all prompts or each of N ranks samples its share."""
+    whether one process samples all prompts or each of N ranks samples its share. Completion j of
+    a prompt seeded s is seeded s + j (:func:`completion_seeds`)."""
 
 
 @dataclass
@@ -59,6 +60,13 @@ class Sampler(Protocol):
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Replace the named weights (base-model names) with the policy's current values."""
         ...
+
+
+def completion_seeds(params: SamplingParams) -> list[int]:
+    """Each completion's seed, prompt-major: s + j for completion j of a prompt seeded s, the seeds
+    vLLM gives the n children of a seeded request (``vllm/v1/engine/parallel_sampling.py``), so
+    prompt seeds must be at least n apart."""
+    return [s + j for s in params.prompt_seeds or () for j in range(params.n)]
 
 
 def stop_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlft.rollout.base import Generations, SamplingParams
+from rlft.rollout.base import Generations, SamplingParams, completion_seeds
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
@@ -90,8 +90,8 @@ class HFSampler:
         if len(params.prompt_seeds) != num_prompts:
             raise ValueError(f"{len(params.prompt_seeds)} prompt seeds for {num_prompts} prompts")
         g = torch.Generator()
-        rows = [torch.rand(params.max_new_tokens, generator=g.manual_seed((seed * params.n + j) % 2**63), device="cpu")
-                for seed in params.prompt_seeds for j in range(params.n)]
+        rows = [torch.rand(params.max_new_tokens, generator=g.manual_seed(seed), device="cpu")
+                for seed in completion_seeds(params)]
         return torch.stack(rows).to(self.device)
 
     def _decode(self, rows: list[list[int]], params: SamplingParams,

