@@ -90,7 +90,12 @@ class GracefulStop:
         self.grace_s = grace_s
         self._previous: dict[int, Any] = {}
         self._timer: threading.Timer | None = None
+        # _expired (the deadline passed and its signal is sent) and _done (the step finished: the deadline
+        # no longer applies) change together under the lock, so that the timer cannot fire once the step
+        # is done, and a signal it sent just before is recognised by the handler and dropped.
+        self._lock = threading.RLock()  # the handler takes it too, in the main thread, maybe inside step_done
         self._expired = False
+        self._done = False
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
@@ -99,6 +104,12 @@ class GracefulStop:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        with self._lock:
+            late = self._expired and self._done
+            if late:
+                self._expired = False
+        if late:  # the timer's signal, sent as the step finished: the checkpoint write goes on
+            return
         if self._expired:
             raise KeyboardInterrupt(f"the step did not finish within trainer.stop_grace_s={self.grace_s:g} s "
                                     "of the signal and was aborted")
@@ -114,13 +125,20 @@ class GracefulStop:
         os.write(2, b"stopping after this step and saving a checkpoint (Ctrl-C again to abort now)\n")
 
     def _expire(self, main: int) -> None:
-        self._expired = True
-        signal.pthread_kill(main, signal.SIGTERM)  # to the main thread: it interrupts its blocking call
+        with self._lock:
+            if self._done:
+                return
+            self._expired = True
+            signal.pthread_kill(main, signal.SIGTERM)  # to the main thread: it interrupts its blocking call
 
     def step_done(self) -> None:
-        """The step has finished: the deadline no longer applies (the checkpoint write is not cut short)."""
+        """The step has finished: the deadline no longer applies (the checkpoint write is not cut short).
+        Once this returns the timer has ended, so it cannot signal after ``__exit__`` restored the handlers."""
+        with self._lock:
+            self._done = True
         if self._timer is not None:
             self._timer.cancel()
+            self._timer.join()
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.step_done()

@@ -192,4 +192,54 @@ def chatty(prompt: str, completion: str, answer: str, **info) -> float:
 
 def one(prompt: str, completion: str, answer: str, **info) -> float:
     """The same score for every completion (its weight sets the value): no group carries signal."""
+
+
+class GradeError(Exception):
+    """An exception whose ``__init__`` takes other arguments than its message: it pickles, but cannot be
+    rebuilt from its pickle (common in grading code)."""
+
+    def __init__(self, sample: str, why: str):
+        super().__init__(f"{sample}: {why}")
+
+
+def raises_grade_error(prompt: str, completion: str, answer: str, **info) -> float:
+    """Raises GradeError on every call."""
+    raise GradeError(prompt, "no answer found")
+
+
+def cuts_its_reply(prompt: str, completion: str, answer: str, **info) -> float:
+    """Starts a long reply to the trainer on its worker's pipe and dies mid-message (as a worker killed
+    while sending a large result)."""
+    import os
+    import struct
+    import sys
+
+    conn = sys._getframe(1).f_locals["conn"]  # the worker loop's end of the pipe (rlft.rewards.calls._serve)
+    conn._send(struct.pack("!i", 1 << 20) + b"x" * 100)
+    os._exit(5)
+
+
+def fails_first_two(prompt: str, completion: str, answer: str, **info) -> float:
+    """Sample "0" raises after 1 s, sample "1" at once; the others score 1."""
+    import time
+
+    if answer == "0":
+        time.sleep(1.0)
+        raise ValueError("sample 0 fails, slowly")
+    if answer == "1":
+        raise ValueError("sample 1 fails, at once")
+    return 1.0
+
+
+def records_pid_then_sleeps(prompt: str, completion: str, answer: str, **info) -> float:
+    """Writes its process id into the folder $RLFT_TEST_PIDS, then sleeps $RLFT_TEST_SLEEP seconds (60 by
+    default) the first time it runs in a process; scores 1."""
+    import os
+    import time
+    from pathlib import Path
+
+    mark = Path(os.environ["RLFT_TEST_PIDS"]) / str(os.getpid())
+    if not mark.exists():
+        mark.touch()
+        time.sleep(float(os.environ.get("RLFT_TEST_SLEEP", "60")))
     return 1.0

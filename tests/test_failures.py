@@ -115,3 +115,33 @@ def test_a_rank_leaving_on_an_error_ignores_the_launchers_sigterm_but_a_clean_ex
     finally:
         signal.signal(signal.SIGTERM, before)
         signal.signal(signal.SIGINT, before_int)
+
+
+def test_a_grace_deadline_that_fires_as_the_step_finishes_does_not_abort_the_checkpoint_write():
+    """The timer fires just before step_done (its SIGTERM still pending, held here by a signal mask so that
+    the race is exact): the handler must drop that signal once the step is done, not abort the save that
+    follows with "did not finish within trainer.stop_grace_s". Once step_done returns the timer has
+    ended: it cannot signal after __exit__ restored the previous handlers."""
+    import signal
+    import threading
+
+    from rlft.failure import GracefulStop
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with GracefulStop(grace_s=60) as stop:
+            signal.raise_signal(signal.SIGTERM)  # the first signal: finish the step
+            assert stop.requested
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                timer = threading.Thread(target=stop._expire, args=(threading.main_thread().ident,))
+                timer.start()
+                timer.join()
+                stop.step_done()
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # the timer's SIGTERM arrives now
+            assert not stop._timer.is_alive()
+            saved = True  # the checkpoint write, reached without a KeyboardInterrupt
+        assert saved and signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, before)

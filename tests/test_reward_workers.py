@@ -141,3 +141,89 @@ def test_stop_grace_and_collective_timeout_refuse_bad_values(override):
 
     with pytest.raises(ConfigError, match=override.replace(".", r"\.")):
         compose([override])
+
+
+def test_sigterm_to_the_whole_process_group_finishes_the_step_with_the_workers(tmp_path):
+    """torch's agent under trainer.nproc, coreutils timeout and SLURM signal the whole process group: the
+    reward workers are not the signal's target, they finish the step's calls and the run stops as
+    interrupted (it was "reward function ... ended its worker process (killed by SIGTERM)", exit 1)."""
+    from rlft import checkpoint as ckpt
+
+    run, pids = tmp_path / "run", tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlft.cli", "train", *RUN, "trainer.steps=20",
+         "reward.fns=[tests.helpers:records_pid_then_sleeps]", "reward.weights=[1]", "reward.num_workers=2",
+         f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, RLFT_TEST_PIDS=str(pids), RLFT_TEST_SLEEP="2"), start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while not any(pids.iterdir()):
+            assert proc.poll() is None and time.time() < deadline, "the reward never started"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "ended its worker process" not in err and "Traceback" not in err, err[-3000:]
+    status = json.loads((run / "job.json").read_text())
+    assert status["status"] == "interrupted" and status["exit_code"] == 130
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == [ckpt.step_dir_name(1)]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal is Linux's")
+def test_workers_end_when_the_trainer_is_killed(tmp_path):
+    """kill -9 of the trainer (the OOM killer, the agent's last resort) while rewards run: its workers end
+    with it (they were orphaned forever, holding the trainer's memory and sockets)."""
+    script = ("from rlft.rewards.calls import CallPolicy, run_calls\nfrom tests.helpers import records_pid_then_sleeps"
+              "\nrun_calls(records_pid_then_sleeps, [(('p', 'c', str(i)), {}) for i in range(4)], CallPolicy(2))\n")
+    trainer = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=dict(os.environ, RLFT_TEST_PIDS=str(tmp_path)))
+    try:
+        deadline = time.time() + 20
+        while len(list(tmp_path.iterdir())) < 2:
+            assert trainer.poll() is None and time.time() < deadline, "the workers never started"
+            time.sleep(0.05)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    workers = [int(p.name) for p in tmp_path.iterdir()]
+    deadline = time.time() + 5
+    while any(_alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers {left} outlived the trainer"
+
+
+def test_the_error_names_the_first_failing_sample_in_call_order():
+    """Sample 1 fails at once while sample 0 is still running and fails later: sample 0 is the error, as in
+    one process."""
+    samples = [Sample(f"p{i}", "c", str(i), 1, False) for i in range(6)]
+    with _within(20), pytest.raises(RewardError, match=r"raised ValueError: sample 0 fails, slowly on sample 0 "):
+        score_samples(["tests.helpers:fails_first_two"], [1.0], samples, 8, CallPolicy(3))
+
+
+def test_an_exception_that_cannot_be_rebuilt_is_one_line_naming_its_type():
+    """GradeError pickles but its __init__ cannot rebuild it from the pickle: it was a TypeError traceback
+    out of the trainer."""
+    with _within(20), pytest.raises(RewardError, match=r"'tests.helpers:raises_grade_error' raised GradeError: "
+                                                       r"p0: no answer found on sample 0 \(prompt='p0'"):
+        score_samples(["tests.helpers:raises_grade_error"], [1.0], SAMPLES, 8, CallPolicy(2))
+
+
+def test_a_worker_dying_mid_reply_is_a_died_worker():
+    """A reply cut short ("got end of file during message") was an OSError traceback out of the trainer."""
+    with _within(20), pytest.raises(RewardError, match=r"'tests.helpers:cuts_its_reply' ended its worker process "
+                                                       r"\(exited with code 5\) on sample 0 \(prompt='p0'"):
+        score_samples(["tests.helpers:cuts_its_reply"], [1.0], SAMPLES, 8, CallPolicy(1))

@@ -14,10 +14,12 @@ call that worker held never arrives (the run would wait forever).
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -106,14 +108,26 @@ def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], polic
     return _Workers(fn, policy).run(calls, timed_out)
 
 
+# The trainer's ends of the open workers' pipes. A forked worker inherits them all and closes them
+# first: while a copy of its own pipe's far end stays open in the worker, it never sees EOF when the
+# trainer is gone.
+_PARENT_ENDS: set[Connection] = set()
+
+
 class _Worker:
     """A forked process that runs ``fn`` on the calls sent down its pipe, one at a time."""
 
     def __init__(self, ctx: Any, fn: Callable[..., Any]):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(fn, child), daemon=True)
-        self.process.start()
-        child.close()
+        _PARENT_ENDS.add(self.conn)
+        self.process = ctx.Process(target=_serve, args=(fn, child, os.getpid()), daemon=True)
+        try:
+            self.process.start()
+        except BaseException:
+            self._close()
+            raise
+        finally:
+            child.close()
         self.index = -1
         self.deadline = float("inf")
 
@@ -122,10 +136,25 @@ class _Worker:
         self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
         self.conn.send(call)
 
-    def stop(self) -> None:
+    def receive(self) -> tuple[bool, Any] | None:
+        """The worker's reply; None when the pipe closed or a reply was cut short (the worker died)."""
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):  # OSError: "got end of file during message" from a worker that died mid-send
+            return None
+        except Exception as e:  # noqa: BLE001  (unpickling runs arbitrary code)
+            return False, RuntimeError(f"its result could not be read back from the worker ({type(e).__name__}: {e})")
+
+    def stop(self, died: bool = False) -> None:
+        if died:  # the pipe said so: give the exit a moment, so that its code (not our SIGKILL) is reported
+            self.process.join(1.0)
         if self.process.is_alive():
             self.process.kill()
         self.process.join()
+        self._close()
+
+    def _close(self) -> None:
+        _PARENT_ENDS.discard(self.conn)
         self.conn.close()
 
 
@@ -145,8 +174,9 @@ class _Workers:
         failures: dict[int, Exception] = {}
         queue = deque(range(len(calls)))
         try:
-            self.idle = [_Worker(self.ctx, self.fn) for _ in range(min(max(1, self.policy.num_workers), len(calls)))]
-            while len(results) < min([len(calls), *failures]):
+            for _ in range(min(max(1, self.policy.num_workers), len(calls))):
+                self.idle.append(_Worker(self.ctx, self.fn))  # one by one: the finally stops those started
+            while _unsettled(results, min([len(calls), *failures])):
                 while queue and self.idle and queue[0] < min([len(calls), *failures]):
                     worker, i = self.idle.pop(), queue.popleft()
                     try:
@@ -172,15 +202,16 @@ class _Workers:
         ready = set(wait([w.conn for w in self.busy] + [w.process.sentinel for w in self.busy], timeout))
         for worker in list(self.busy):
             if worker.conn in ready:  # checked first: a worker may answer and then be gone
-                try:
-                    ok, value = worker.conn.recv()
-                except EOFError:  # the pipe closed: the worker died
+                reply = worker.receive()
+                if reply is None:
                     self._lost(worker, True, results, failures, timed_out)
                     continue
+                ok, value = reply
                 if ok:
                     results[worker.index] = value
                 else:
-                    failures[worker.index] = CallFailed(worker.index, value)
+                    failures[worker.index] = CallFailed(worker.index, value.rebuilt() if isinstance(value, _Described)
+                                                        else value)
                 self.busy.remove(worker)
                 self.idle.append(worker)
             elif worker.process.sentinel in ready or time.monotonic() >= worker.deadline:
@@ -190,7 +221,7 @@ class _Workers:
               timed_out: Any) -> None:
         """A worker died, or hung past its deadline (it is killed): its call scores ``timed_out`` under
         ``on_timeout``, else fails; a fresh worker takes its place."""
-        worker.stop()
+        worker.stop(died)
         if self.policy.on_timeout is not None:
             results[worker.index] = timed_out
         else:
@@ -200,11 +231,25 @@ class _Workers:
         self.idle.append(_Worker(self.ctx, self.fn))
 
 
-def _serve(fn: Callable[..., Any], conn: Connection) -> None:
-    """A worker's loop. Forked workers inherit the trainer's Ctrl-C/SIGTERM handler: the defaults go
-    back, so that killing a worker stops it and only the training process answers Ctrl-C."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _unsettled(results: dict[int, Any], bound: int) -> bool:
+    """Whether a call before ``bound`` (the first known failure) has no result yet: a later failure is
+    reported only once every earlier call has settled, so the error names the first in call order."""
+    return any(i not in results for i in range(bound))
+
+
+def _serve(fn: Callable[..., Any], conn: Connection, trainer: int) -> None:
+    """A worker's loop. It leaves the trainer's process group: a stop signal sent to the whole group
+    (torch's agent, coreutils ``timeout``, SLURM) is meant for the trainer, which finishes its step
+    with the worker's help and then kills it. Forked workers inherit the trainer's Ctrl-C/SIGTERM
+    handler: the defaults go back, so that killing a worker stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for other in _PARENT_ENDS:
+        other.close()
+    _PARENT_ENDS.clear()
+    _die_with(trainer)
     while True:
         try:
             args, kwargs = conn.recv()
@@ -217,14 +262,41 @@ def _serve(fn: Callable[..., Any], conn: Connection) -> None:
         conn.send(_picklable(reply))
 
 
+def _die_with(trainer: int) -> None:
+    """Have the kernel SIGKILL this worker when the trainer dies (kill -9, the OOM killer): out of its
+    process group, no group signal reaches it. Linux only; elsewhere the worker ends on its pipe's EOF."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != trainer:  # it died before prctl took effect
+        os._exit(0)
+
+
 def _picklable(reply: tuple[bool, Any]) -> tuple[bool, Any]:
-    """``reply``, or a failure saying what could not cross to the trainer (an exception or a score
-    that does not pickle)."""
+    """``reply``, or a failure saying what could not cross to the trainer: a score that does not pickle,
+    or an exception that does not survive the round trip (an ``__init__`` with other arguments than its
+    message cannot be rebuilt), which crosses as its type's name and message."""
     ok, value = reply
     try:
-        pickle.dumps(value)
+        pickle.loads(pickle.dumps(value))
     except Exception:  # noqa: BLE001  (pickling may raise anything)
         if ok:
             return False, TypeError(f"returned a {type(value).__name__}, which cannot be sent back from the worker")
-        return False, RuntimeError(f"{type(value).__name__}: {value}")
+        return False, _Described(type(value).__name__, str(value))
     return reply
+
+
+class _Described(Exception):
+    """An exception that could not cross from a worker, told by its type's name and message."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(name, message)
+        self.name, self.message = name, message
+
+    def rebuilt(self) -> Exception:
+        """An exception of a class by that name with that message (the caller words it as ``Type: message``)."""
+        return type(self.name, (Exception,), {})(self.message)
