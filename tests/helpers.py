@@ -192,6 +192,7 @@ def chatty(prompt: str, completion: str, answer: str, **info) -> float:
 
 def one(prompt: str, completion: str, answer: str, **info) -> float:
     """The same score for every completion (its weight sets the value): no group carries signal."""
+    return 1.0
 
 
 class GradeError(Exception):
