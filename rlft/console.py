@@ -63,16 +63,10 @@ class _ConsoleFilter(logging.Filter):
 
 
 def _is_console(handler: logging.Handler) -> bool:
-    """A handler that writes to this process's stdout or stderr."""
-    if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
-        return False
-    stream = handler.stream
-    if stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        return True
-    try:
-        return stream.fileno() in (1, 2)
-    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (a StringIO)
-        return False
+    """A handler that writes to a stream rather than a file: the console, whatever object stands for
+    it (a handler made while another stream stood in for sys.stderr still writes to a terminal or
+    pipe, not to train.log)."""
+    return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
 
 
 @contextmanager

@@ -80,3 +80,24 @@ def test_every_eos_of_the_generation_config_stops_a_row():
     two_eos = build_sampler(cfg.sampler, cfg.model, sampler.model, tok, 0)
     gens = two_eos.generate(prompt, SamplingParams(n=1, max_new_tokens=12, greedy=True))
     assert gens.completion_ids[0] == free[: k + 1] and gens.truncated == [False]
+
+
+def test_the_run_seed_changes_the_hf_samplers_draws():
+    """Prompt seeds carry the run seed in their high 32 bits, which torch's CPU generator drops: the
+    hf sampler folds them in, so seeds 1, 2 and 12345 draw other noise for the same step and prompt,
+    and a run's completions keep distinct generator seeds."""
+    from rlft.collection import prompt_seeds
+    from rlft.rollout.base import completion_seeds
+    from rlft.rollout.hf import generator_seed
+
+    def draws(run_seed: int) -> torch.Tensor:
+        params = SamplingParams(n=4, max_new_tokens=8, prompt_seeds=prompt_seeds(run_seed, 3, range(2), 2, 4))
+        return torch.stack([torch.rand(8, generator=torch.Generator().manual_seed(generator_seed(s)))
+                            for s in completion_seeds(params)])
+
+    a, b, c = draws(1), draws(2), draws(12345)
+    assert not torch.equal(a, b) and not torch.equal(a, c) and not torch.equal(b, c)
+    assert torch.equal(a, draws(1))
+    seeds = [s for cursor in range(50) for s in
+             completion_seeds(SamplingParams(n=8, prompt_seeds=prompt_seeds(7, cursor, range(16), 16, 8)))]
+    assert len({generator_seed(s) for s in seeds}) == len(seeds)

@@ -45,6 +45,13 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
     return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 
+
+def generator_seed(seed: int) -> int:
+    """A completion seed (run seed in the high 32 bits, the completion's number in the low ones) as
+    the 32 bits torch's CPU generator keeps: the high half folded in by an odd multiplier, so the
+    run seed still changes every draw, and within a run (one high half) distinct seeds stay distinct."""
+    return (seed + (seed >> 32) * 0x9E3779B1) % 2**32
+
 class HFSampler:
     """Batched group sampling on a plain (non-peft) causal LM in the compute dtype.
 
@@ -90,7 +97,7 @@ class HFSampler:
         if len(params.prompt_seeds) != num_prompts:
             raise ValueError(f"{len(params.prompt_seeds)} prompt seeds for {num_prompts} prompts")
         g = torch.Generator()
-        rows = [torch.rand(params.max_new_tokens, generator=g.manual_seed(seed), device="cpu")
+        rows = [torch.rand(params.max_new_tokens, generator=g.manual_seed(generator_seed(seed)), device="cpu")
                 for seed in completion_seeds(params)]
         return torch.stack(rows).to(self.device)
 
