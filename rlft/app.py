@@ -172,7 +172,9 @@ def task(raw: Any) -> float:
     dp = from_environment()
     run_dir = Path(dp.broadcast(hc.runtime.output_dir))
     verbose = bool(OmegaConf.select(raw, "logger.verbose", default=False))
-    with run_log(run_dir / "train.log", verbose, dp.rank if dp.active else None):
+    fns = OmegaConf.select(raw, "reward.fns", default=None)
+    fns = [str(f) for f in fns] if isinstance(fns, (list, tuple)) or OmegaConf.is_list(fns) else []
+    with run_log(run_dir / "train.log", verbose, dp.rank if dp.active else None, fns):
         return _job(raw, hc.mode == RunMode.MULTIRUN, dp, run_dir)
 
 

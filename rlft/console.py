@@ -10,12 +10,14 @@ While a job runs (:func:`run_log`), what libraries would print goes to train.log
   through :func:`quiet`; progress bars are turned off where the library allows it.
 
 A third-party record at ERROR or above still shows, as one line naming its logger: a library
-reporting a failure is something the user must see. ``logger.verbose=true`` shows every record
+reporting a failure is something the user must see. So does a warning from the user's own reward
+modules (logged or warned from their files, or on a logger of their package): it is theirs to act on. ``logger.verbose=true`` shows every record
 and leaves the progress bars on.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import sys
@@ -28,6 +30,8 @@ class _State:
     log_file: Path | None = None  # train.log of the job this process runs (None: no job)
     verbose: bool = False
     prefix: str = ""  # "[rank N] " on a rank of several
+    user_paths: tuple[str, ...] = ()  # files and folders of the user's reward modules
+    user_names: tuple[str, ...] = ()  # their top-level package names
 
 
 # Loggers whose records never show on the console: the launcher of trainer.nproc's ranks reports
@@ -59,7 +63,38 @@ class _ConsoleFilter(logging.Filter):
             return hydra
         if hydra or any(record.name == n or record.name.startswith(n + ".") for n in _FILE_ONLY):
             return False
-        return _State.verbose or record.levelno >= logging.ERROR
+        return _State.verbose or record.levelno >= logging.ERROR or (
+            record.levelno >= logging.WARNING and _from_user_code(record))
+
+
+def _from_user_code(record: logging.LogRecord) -> bool:
+    """A record of the user's reward modules: a warning raised in their files, or a log record
+    made there or on a logger of their package."""
+    if record.name.split(".")[0] in _State.user_names:
+        return True
+    # A captured warning's message starts with the file it was raised in ("PATH:LINE: Category: ...").
+    where = record.getMessage().split(":", 1)[0] if record.name == "py.warnings" else record.pathname
+    where = os.path.realpath(where)
+    return any(where == p or where.startswith(p) for p in _State.user_paths)
+
+
+def user_code(fns: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(paths, names)`` of the top-level modules that ``reward.fns``' dotted paths name (built-ins:
+    none). Found without importing them: a folder (with a separator at the end) or a file each."""
+    import importlib.util
+
+    paths: list[str] = []
+    names = sorted({str(fn).partition(":")[0].split(".")[0] for fn in fns if ":" in str(fn)})
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            paths += [os.path.realpath(p) + os.sep for p in spec.submodule_search_locations]
+        elif spec is not None and spec.origin:
+            paths.append(os.path.realpath(spec.origin))
+    return tuple(paths), tuple(names)
 
 
 def _is_console(handler: logging.Handler) -> bool:
@@ -70,9 +105,10 @@ def _is_console(handler: logging.Handler) -> bool:
 
 
 @contextmanager
-def run_log(log_file: Path, verbose: bool = False, rank: int | None = None) -> Iterator[None]:
+def run_log(log_file: Path, verbose: bool = False, rank: int | None = None,
+            reward_fns: list[str] | None = None) -> Iterator[None]:
     """Route third-party output to ``log_file`` (train.log) while a job runs; ``rank``: prefix of
-    this rank's records when the job has several."""
+    this rank's records when the job has several; ``reward_fns``: whose modules' warnings still show."""
     # Set before vLLM is imported: its records then propagate here instead of to its own stdout handler.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     root = logging.getLogger()
@@ -91,12 +127,13 @@ def run_log(log_file: Path, verbose: bool = False, rank: int | None = None) -> I
     root.addHandler(console)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
-    saved = _State.log_file, _State.verbose, _State.prefix
+    saved = _State.log_file, _State.verbose, _State.prefix, _State.user_paths, _State.user_names
     _State.log_file, _State.verbose, _State.prefix = log_file, verbose, prefix
+    _State.user_paths, _State.user_names = user_code(reward_fns or [])
     try:
         yield
     finally:
-        _State.log_file, _State.verbose, _State.prefix = saved
+        _State.log_file, _State.verbose, _State.prefix, _State.user_paths, _State.user_names = saved
         logging.captureWarnings(captured)
         root.setLevel(level)
         for h in (file_handler, console):
@@ -139,6 +176,11 @@ def quiet(what: str) -> Iterator[None]:
     saved = os.dup(1), os.dup(2)
     sink = os.open(_State.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.write(sink, f"{_State.prefix}--- output of {what} ---\n".encode())
+    # A crash inside (a segfault, an abort) would leave its report in train.log only: Python's
+    # fault handler writes to the console's stderr instead.
+    console_err = os.fdopen(os.dup(saved[1]), "w")
+    was_enabled = faulthandler.is_enabled()
+    faulthandler.enable(file=console_err)
     try:
         os.dup2(sink, 1)
         os.dup2(sink, 2)
@@ -150,3 +192,7 @@ def quiet(what: str) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in (*saved, sink):
             os.close(fd)
+        faulthandler.disable()
+        if was_enabled:
+            faulthandler.enable()
+        console_err.close()

@@ -54,10 +54,21 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
     except ChildFailedError as e:  # each rank printed its own one-line error; the first to fail is the cause
         _, first = e.get_first_failure()
         code = first.exitcode
+        if code < 0:  # killed by a signal: the rank printed nothing, and torch's report is in train.log
+            print(f"rlft: error: rank {first.local_rank} was killed by {_signal_name(-code)}", file=sys.stderr)
         code = code if code > 0 else 128 - code  # killed by signal -s: the shell's 128 + s
     except SignalException as e:  # Ctrl-C / SIGTERM: the agent passed it to the ranks, which saved
         code = 128 + int(e.sigval)
     return code, _final_accuracy(run_dir)
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _final_accuracy(run_dir: Path) -> float:

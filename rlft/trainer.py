@@ -74,7 +74,7 @@ def build_components(cfg: Any, dtype: str | None = None, dp: DataParallel = SING
     precision = dp.broadcast((Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
                               else resolve_precision(cfg.model, device.type)) if dp.main else None)
     cfg.model.dtype = precision.dtype
-    quiet_libraries()
+    quiet_libraries(keep_warnings=True)  # to train.log (rlft.console)
     seed_everything(cfg.seed)
     task = build_task(cfg.data, cfg.seed)
     a = cfg.algo

@@ -181,12 +181,13 @@ def hangs_marked(prompt: str, completion: str, answer: str, **info) -> float:
 
 def chatty(prompt: str, completion: str, answer: str, **info) -> float:
     """Scores 0 and, like a library it might call, warns and logs on the way (once per process:
-    the warnings module shows a warning once per place)."""
+    the warnings module shows a warning once per place). Attributed to its caller (stacklevel 2,
+    rlft's reward code), as a library's would be to the library: not to the user's module."""
     import logging
     import warnings
 
-    warnings.warn("chatty_library is deprecated", FutureWarning, stacklevel=1)
-    logging.getLogger("chatty_library").warning("chatty_library says hello")
+    warnings.warn("chatty_library is deprecated", FutureWarning, stacklevel=2)
+    logging.getLogger("chatty_library").warning("chatty_library says hello", stacklevel=2)
     return 0.0
 
 

@@ -128,3 +128,63 @@ def test_run_log_sends_library_output_to_train_log(tmp_path, capfd, third_party,
     assert err.count("a library's failure") == 1 and out == ""
     shown = ("a library's warning" in err, "a deprecation" in err, "NUMA" in err, "exitcode" in err)
     assert shown == ((True, True, True, False) if verbose else (False, False, False, False)), err
+
+
+def test_warnings_of_the_users_reward_module_still_show(tmp_path, capfd, monkeypatch, third_party):
+    """A warning the user must act on: one raised or logged by their own reward module shows on the
+    console (and in train.log); a library's warning in the same job goes to train.log only."""
+    from rlft.console import run_log
+
+    (tmp_path / "my_rewards_mod.py").write_text(
+        "import logging, warnings\n"
+        "def score(prompt, completion, answer, **info):\n"
+        "    warnings.warn('my threshold is ignored', UserWarning, stacklevel=1)\n"
+        "    logging.getLogger('my_rewards_mod').warning('answer column missing')\n"
+        "    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_rewards_mod
+
+    third_party.addHandler(logging.StreamHandler(sys.stderr))
+    log = tmp_path / "train.log"
+    with run_log(log, reward_fns=["math_correct", "my_rewards_mod:score"]), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        my_rewards_mod.score("p", "c", "a")
+        third_party.warning("a library's warning")
+    out, err = capfd.readouterr()
+    text = log.read_text()
+    for line in ("my threshold is ignored", "answer column missing", "a library's warning"):
+        assert line in text, text
+    assert err.count("UserWarning: my threshold is ignored") == 1 and err.count("answer column missing") == 1, err
+    assert "a library's warning" not in err and out == ""
+
+
+def test_a_crash_while_a_library_starts_is_reported_on_the_console(tmp_path):
+    """While quiet() sends file descriptors 1 and 2 to train.log, a segfault's report still reaches
+    the console's stderr (Python's fault handler), not only train.log."""
+    code = ("import ctypes, pathlib\nfrom rlft.console import run_log, quiet\n"
+            f"with run_log(pathlib.Path({str(tmp_path / 'train.log')!r})):\n"
+            "    with quiet('a C++ library'):\n"
+            "        ctypes.string_at(0)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode != 0
+    assert "Fatal Python error: Segmentation fault" in r.stderr, r.stderr
+
+
+def test_transformers_warnings_reach_train_log_in_a_job(tmp_path, capfd):
+    """A training job keeps transformers' warnings (its library logger was set to errors only, so
+    they reached neither train.log nor, with logger.verbose, the console)."""
+    import transformers
+
+    from rlft.console import run_log
+    from rlft.models.loading import quiet_libraries
+
+    log = tmp_path / "train.log"
+    try:
+        with run_log(log):
+            quiet_libraries(keep_warnings=True)  # what train() does
+            transformers.utils.logging.get_logger("transformers.modeling_utils").warning("weights not initialized")
+    finally:
+        quiet_libraries()
+    assert "weights not initialized" in log.read_text()
+    assert "weights not initialized" not in capfd.readouterr().err

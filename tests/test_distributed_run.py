@@ -150,6 +150,7 @@ def test_a_rank_killed_mid_run_stops_all_and_resume_continues_exactly(runs, tmp_
                                                                         RLFT_TEST_KILL_AFTER="20"))
     assert r.returncode != 0
     assert "another rank stopped" in r.stderr, r.stderr[-3000:]
+    assert "rank 1 was killed by SIGKILL" in r.stderr, r.stderr[-3000:]  # the cause, which torch logs to train.log
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     saved = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert saved == ["step_000002"], saved  # the last completed step, written by rank 0 alone

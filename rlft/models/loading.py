@@ -24,12 +24,16 @@ class ModelError(RuntimeError):
     """The model cannot be found or loaded; the message says what to install or set."""
 
 
-def quiet_libraries() -> None:
-    """Our own progress bar is the one users should see."""
+def quiet_libraries(keep_warnings: bool = False) -> None:
+    """Our own progress bar is the one users should see. ``keep_warnings``: transformers' warnings
+    still reach the logging tree (a training job routes them to train.log); else errors only."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
+    if keep_warnings:
+        transformers.utils.logging.set_verbosity_warning()
+    else:
+        transformers.utils.logging.set_verbosity_error()
 
 
 def cache_root() -> Path:
