@@ -160,11 +160,14 @@ def task(raw: Any) -> float:
         The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
         such as Optuna to optimise.
     """
+    import transformers
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    import rlft.trainer  # noqa: F401  (torch's and transformers' loggers exist before run_log routes them)
+    import rlft.trainer  # noqa: F401  (torch's loggers exist before run_log routes them)
+
+    transformers.utils.logging.get_logger("transformers")  # its library logger takes its console handler now
     from rlft.console import run_log
     from rlft.distributed import from_environment
 
