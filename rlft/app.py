@@ -167,9 +167,10 @@ def task(raw: Any) -> float:
 
     import rlft.trainer  # noqa: F401  (torch's loggers exist before run_log routes them)
 
-    transformers.utils.logging.get_logger("transformers")  # its library logger takes its console handler now
     from rlft.console import run_log
     from rlft.distributed import from_environment
+
+    transformers.utils.logging.get_logger("transformers")  # its library logger takes its console handler now
 
     hc = HydraConfig.get()
     dp = from_environment()
