@@ -166,7 +166,6 @@ def task(raw: Any) -> float:
     from omegaconf import OmegaConf
 
     import rlft.trainer  # noqa: F401  (torch's loggers exist before run_log routes them)
-
     from rlft.console import run_log
     from rlft.distributed import from_environment
 
