@@ -61,13 +61,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def sampled_params(cfg: Any, num_problems: int, samples: int) -> SamplingParams:
+    """Evaluation's sampling settings: a seed per problem, spaced as training's (``prompt_seeds``), so
+    that no two samples share vLLM's per-request noise (one seed for every prompt gave sample j of
+    every problem the same seed)."""
+    from rlft.collection import prompt_seeds
+
+    s = cfg.sampler
+    return SamplingParams(n=samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                          max_new_tokens=s.max_new_tokens, seed=cfg.seed,
+                          prompt_seeds=prompt_seeds(cfg.seed, 0, range(num_problems), num_problems, samples))
+
+
 def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
                      samples: int) -> dict[str, float]:
     """pass@1 and pass@``samples`` at the sampler's temperature, seeded by ``cfg.seed``."""
-    s = cfg.sampler
-    params = SamplingParams(n=samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                            max_new_tokens=s.max_new_tokens, seed=cfg.seed)
-    ok, _ = correctness(sampler, tokenizer, problems, cfg, params)
+    ok, _ = correctness(sampler, tokenizer, problems, cfg, sampled_params(cfg, len(problems), samples))
     out = {}
     for k in sorted({1, samples}):
         out[f"eval/pass@{k}"] = sum(pass_at_k(len(o), sum(o), k) for o in ok) / len(ok)

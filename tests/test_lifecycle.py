@@ -155,3 +155,15 @@ def test_sweep_runs_every_job_and_survives_a_failing_one(tmp_path):
         algo = x["job"].split(",")[0].removeprefix("algo=")
         assert f"name: {algo}" in (run / "config.yaml").read_text()
     assert (root / "summary.png").stat().st_size > 1000
+
+
+def test_no_two_evaluation_samples_share_a_seed(compose_cfg):
+    """Sampled evaluation seeds each problem (vLLM's children take seed + j): one seed for every problem
+    gave sample j of each problem the same noise, correlating pass@k's samples across problems."""
+    from rlft.evaluation import sampled_params
+    from rlft.rollout.base import completion_seeds
+
+    params = sampled_params(compose_cfg(*TINY), num_problems=200, samples=8)
+    seeds = completion_seeds(params)
+    assert len(seeds) == 200 * 8 and len(set(seeds)) == len(seeds)
+    assert len(set(sampled_params(compose_cfg(*TINY, "seed=2"), 200, 8).prompt_seeds) & set(params.prompt_seeds)) == 0
