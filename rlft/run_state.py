@@ -44,6 +44,8 @@ KEY_CLASSES: dict[str, tuple[str, str]] = {
     **_rows(HARMLESS, "evaluation only, greedy and outside the update", "trainer.eval_every", "trainer.eval_at_start"),
     **_rows(HARMLESS, "checkpointing only", "trainer.save_every", "trainer.keep_last", "trainer.resume"),
     **_rows(HARMLESS, "where to stop; the steps run are unchanged", "trainer.max_minutes"),
+    **_rows(HARMLESS, "how long a stop or a lost rank is waited for; the steps run are unchanged",
+            "trainer.stop_grace_s", "trainer.dist_timeout_s"),
     **_rows(HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it", "trainer.steps"),
     **_rows(NUMERICS, "float summation order and padding of the gradient accumulation", "trainer.micro_batch_size"),
     **_rows(NUMERICS, "float rounding of CPU kernels that split work by thread", "trainer.threads"),
