@@ -52,6 +52,7 @@ def test_a_first_tiny_run_shows_only_rlft_lines(tmp_path):
     assert "FutureWarning: chatty_library is deprecated" in log and "chatty_library says hello" in log
 
 
+@pytest.mark.slow  # a CLI run (~10 s); the default console's test stays in make test
 def test_logger_verbose_shows_the_libraries_output_too(tmp_path):
     run = tmp_path / "run"
     r = _train([*TINY, *CHATTY, "trainer.steps=1", "logger.verbose=true", f"hydra.run.dir={run}"], tmp_path)

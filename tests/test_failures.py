@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from conftest import ROOT, TINY, run_cli
 from test_resume import _comparable, _weights
 
@@ -19,6 +20,7 @@ RUN = [
 ]
 
 
+@pytest.mark.slow  # a whole run each (~40 s): make test stays under 10 minutes
 def test_evaluation_failing_after_an_update_saves_the_last_logged_step(tmp_path, monkeypatch):
     ref, run = tmp_path / "ref", tmp_path / "run"
     r = run_cli(["train", *RUN, f"hydra.run.dir={ref}"], ROOT)
@@ -41,6 +43,7 @@ def test_evaluation_failing_after_an_update_saves_the_last_logged_step(tmp_path,
     assert all(bool((wa[k] == wb[k]).all()) for k in wa)
 
 
+@pytest.mark.slow  # a whole run each (~40 s): make test stays under 10 minutes
 def test_no_held_out_problems_skips_evaluation_with_a_reason(tmp_path):
     run = tmp_path / "run"
     r = run_cli(["train", *TINY, "data.num_eval=0", "trainer.eval_every=1", f"hydra.run.dir={run}"], ROOT)

@@ -109,6 +109,7 @@ def _start_hung_run(run_dir, extra: list[str]) -> tuple[subprocess.Popen, float]
     return proc, time.perf_counter()
 
 
+@pytest.mark.slow  # CLI runs (~10 s each); the group-SIGTERM test stays in make test
 @pytest.mark.parametrize("workers", [0, 1])
 def test_sigterm_while_a_reward_hangs_ends_the_run_after_the_grace(tmp_path, workers):
     proc, t0 = _start_hung_run(tmp_path / "run", ["trainer.stop_grace_s=2", f"reward.num_workers={workers}"])
@@ -124,6 +125,7 @@ def test_sigterm_while_a_reward_hangs_ends_the_run_after_the_grace(tmp_path, wor
     assert status["status"] == "interrupted" and status["exit_code"] == 130
 
 
+@pytest.mark.slow  # CLI runs (~10 s each); the group-SIGTERM test stays in make test
 def test_a_second_sigterm_while_a_reward_hangs_ends_the_run_at_once(tmp_path):
     proc, t0 = _start_hung_run(tmp_path / "run", [])
     time.sleep(0.5)
