@@ -41,6 +41,8 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from rlft.rewards.calls import how_it_ended
+
     # The agent passes a signal on and kills the ranks shutdown_timeout s later (30 by default): long
     # enough for a rank to finish its step and for rank 0 to write a checkpoint.
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
@@ -55,20 +57,11 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
         _, first = e.get_first_failure()
         code = first.exitcode
         if code < 0:  # killed by a signal: the rank printed nothing, and torch's report is in train.log
-            print(f"rlft: error: rank {first.local_rank} was killed by {_signal_name(-code)}", file=sys.stderr)
+            print(f"rlft: error: rank {first.local_rank} was {how_it_ended(code)}", file=sys.stderr)
         code = code if code > 0 else 128 - code  # killed by signal -s: the shell's 128 + s
     except SignalException as e:  # Ctrl-C / SIGTERM: the agent passed it to the ranks, which saved
         code = 128 + int(e.sigval)
     return code, _final_accuracy(run_dir)
-
-
-def _signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _final_accuracy(run_dir: Path) -> float:

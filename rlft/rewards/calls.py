@@ -76,13 +76,18 @@ class CallDied(Exception):
     @property
     def how(self) -> str:
         """What ended the worker, in words."""
-        code = self.exitcode
-        if code is not None and code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exited with code {code}"
+        return how_it_ended(self.exitcode)
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """A process's end in words, from its exit code as ``multiprocessing`` and torch's launcher report
+    it (``-N``: killed by signal N): "killed by SIGKILL", "exited with code 7"."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
 
 
 def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy,
