@@ -13,7 +13,7 @@ from rlft.distributed import SINGLE, DataParallel
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
-from rlft.rollout import Sampler, SamplingParams
+from rlft.samplers import Sampler, SamplingParams
 
 
 def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
@@ -65,7 +65,7 @@ def sampled_params(cfg: Any, num_problems: int, samples: int) -> SamplingParams:
     """Evaluation's sampling settings: a seed per problem, spaced as training's (``prompt_seeds``), so
     that no two samples share vLLM's per-request noise (one seed for every prompt gave sample j of
     every problem the same seed)."""
-    from rlft.collection import prompt_seeds
+    from rlft.rollout import prompt_seeds
 
     s = cfg.sampler
     return SamplingParams(n=samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
@@ -90,8 +90,8 @@ def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     from rlft.models.device import resolve_device
     from rlft.models.loading import quiet_libraries
     from rlft.models.precision import resolve as resolve_precision
-    from rlft.rollout import build_sampler, sync_sampler
     from rlft.run_state import load_policy_weights, trained_dtype
+    from rlft.samplers import build_sampler, sync_sampler
 
     quiet_libraries()
     task = build_task(cfg.data, cfg.seed)

@@ -1,6 +1,6 @@
 """The training loop: sample -> score -> learn -> sync -> log -> save.
 
-Rollout collection lives in :mod:`rlft.collection`, the batch preparation between rollout and
+Rollout collection lives in :mod:`rlft.rollout`, the batch preparation between rollout and
 update in :mod:`rlft.prepare`, stopping and rollback in :mod:`rlft.failure`. Under torchrun
 every rank runs this loop; what differs by rank is where its output goes (:mod:`rlft.outputs`:
 rank 0 logs and writes, the others only take part in the collectives).
@@ -19,7 +19,6 @@ import torch
 
 from rlft import checkpoint as ckpt
 from rlft import failure, run_state
-from rlft.collection import collect_rollout
 from rlft.config import ConfigError
 from rlft.data import build_task
 from rlft.data.chat import drop_long_prompts, prompt_room
@@ -35,7 +34,8 @@ from rlft.models.precision import resolve as resolve_precision
 from rlft.outputs import Outputs
 from rlft.prepare import adapt_coefficients, prepare_batch
 from rlft.rewards import resolve_reward
-from rlft.rollout import Sampler, build_sampler, sync_sampler
+from rlft.rollout import collect_rollout
+from rlft.samplers import Sampler, build_sampler, sync_sampler
 from rlft.sharding import shard_decoder
 
 

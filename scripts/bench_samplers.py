@@ -76,8 +76,8 @@ def rollout_only(runs: dict, rounds: int, console) -> None:
     """Rollout tokens/s of each sampler and of stock ``generate()`` on one batch, ``rounds`` times each."""
     from rich.table import Table
 
-    from rlft.collection import sampling_params
     from rlft.data.chat import prompt_ids
+    from rlft.rollout import sampling_params
 
     c, cfg = runs["hf"]["c"], runs["hf"]["cfg"]
     tokenizer = c.policy.tokenizer

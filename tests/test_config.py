@@ -109,7 +109,7 @@ def test_options_that_would_do_nothing_are_refused(overrides, expected):
 
 
 def test_sampler_logprobs_are_compared_only_without_truncation(compose_cfg):
-    from rlft.collection import untruncated
+    from rlft.rollout import untruncated
 
     assert untruncated(compose_cfg().sampler)
     assert not untruncated(compose_cfg("sampler.top_p=0.95").sampler)

@@ -13,10 +13,10 @@ from conftest import ROOT, TINY
 from helpers import write_eos_model
 from safetensors.torch import load_file, save_file
 
-from rlft.collection import collect_rollout
 from rlft.config import compose
 from rlft.learner import update_policy
 from rlft.prepare import prepare_batch
+from rlft.rollout import collect_rollout
 from rlft.run_state import trainable_tensors
 from rlft.trainer import build_components
 

@@ -18,11 +18,11 @@ from conftest import ROOT, TINY, run_cli
 from safetensors.torch import load_file, save_file
 
 from rlft import checkpoint as ckpt
-from rlft.collection import collect_rollout, sampling_params
 from rlft.config import compose
 from rlft.data.chat import prompt_ids
 from rlft.learner import token_logprobs, update_policy
 from rlft.prepare import adapt_coefficients, prepare_batch
+from rlft.rollout import collect_rollout, sampling_params
 from rlft.run_state import CUDA_RNG, RNG
 from rlft.trainer import build_components
 

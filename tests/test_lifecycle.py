@@ -161,7 +161,7 @@ def test_no_two_evaluation_samples_share_a_seed(compose_cfg):
     """Sampled evaluation seeds each problem (vLLM's children take seed + j): one seed for every problem
     gave sample j of each problem the same noise, correlating pass@k's samples across problems."""
     from rlft.evaluation import sampled_params
-    from rlft.rollout.base import completion_seeds
+    from rlft.samplers.base import completion_seeds
 
     params = sampled_params(compose_cfg(*TINY), num_problems=200, samples=8)
     seeds = completion_seeds(params)

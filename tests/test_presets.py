@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from rlft.collection import collect_rollout
 from rlft.config import compose
 from rlft.prepare import prepare_batch
+from rlft.rollout import collect_rollout
 from rlft.trainer import build_components, train_step
 from tests.conftest import TINY
 

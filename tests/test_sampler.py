@@ -6,8 +6,8 @@ import torch
 
 from rlft.config import compose
 from rlft.models import build_policy
-from rlft.rollout import SamplingParams, build_sampler
-from rlft.rollout.hf import sample_next
+from rlft.samplers import SamplingParams, build_sampler
+from rlft.samplers.hf import sample_next
 from tests.conftest import TINY
 
 
@@ -67,7 +67,7 @@ def test_sample_next_rules():
 
 def test_every_eos_of_the_generation_config_stops_a_row():
     """Chat models list several EOS ids (end of turn, end of text); the tokenizer knows one."""
-    from rlft.rollout.base import stop_token_ids
+    from rlft.samplers.base import stop_token_ids
 
     sampler, tok = _sampler()
     prompt = [[1, 50, 60, 70]]
@@ -86,9 +86,9 @@ def test_the_run_seed_changes_the_hf_samplers_draws():
     """Prompt seeds carry the run seed in their high 32 bits, which torch's CPU generator drops: the
     hf sampler folds them in, so seeds 1, 2 and 12345 draw other noise for the same step and prompt,
     and a run's completions keep distinct generator seeds."""
-    from rlft.collection import prompt_seeds
-    from rlft.rollout.base import completion_seeds
-    from rlft.rollout.hf import generator_seed
+    from rlft.rollout import prompt_seeds
+    from rlft.samplers.base import completion_seeds
+    from rlft.samplers.hf import generator_seed
 
     def draws(run_seed: int) -> torch.Tensor:
         params = SamplingParams(n=4, max_new_tokens=8, prompt_seeds=prompt_seeds(run_seed, 3, range(2), 2, 4))

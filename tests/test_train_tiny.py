@@ -59,7 +59,7 @@ def test_sampler_weights_follow_the_policy(tmp_path):
     """After a sync, the sampler's copy gives the same logits as the merged policy."""
     cfg, _, _ = compose(TINY)
     from rlft.models import build_policy
-    from rlft.rollout import build_sampler
+    from rlft.samplers import build_sampler
 
     policy, copy = build_policy(cfg.model, 0, need_reference=True)
     sampler = build_sampler(cfg.sampler, cfg.model, copy, policy.tokenizer, 0)

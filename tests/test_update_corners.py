@@ -7,11 +7,11 @@ import torch
 from conftest import ROOT, TINY, run_cli
 
 from rlft.algorithms.losses import kl_penalty_surrogate
-from rlft.collection import collect_rollout
 from rlft.config import compose
 from rlft.learner import update_policy
 from rlft.models import build_policy
 from rlft.prepare import prepare_batch
+from rlft.rollout import collect_rollout
 from rlft.trainer import build_components, train_step
 
 VARIED = ["reward.fns=[tests.helpers:char_count]", "reward.weights=[1]"]

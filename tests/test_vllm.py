@@ -23,7 +23,7 @@ def engine(request):
     """One engine at a time (a second one in the process would share, then tear down, vLLM's globals)."""
     from rlft.config import compose
     from rlft.models import build_policy
-    from rlft.rollout import build_sampler
+    from rlft.samplers import build_sampler
 
     # The served adapter may target a subset of a fused vLLM layer (q and v but not k).
     targets = ["model.lora.target_modules=[q_proj,v_proj,down_proj]"] if request.param == "adapter" else []
@@ -51,7 +51,7 @@ def _learner_logprobs(cfg, policy, prompts, gens):
 
 
 def _check_logprobs_follow_sync(cfg, policy, sampler, base_tol, synced_tol):
-    from rlft.rollout import SamplingParams, sync_sampler
+    from rlft.samplers import SamplingParams, sync_sampler
 
     prompts = [[1, 50, 60, 70], [1, 900, 901], [1, 5, 6, 7, 8]]
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12)
@@ -89,7 +89,7 @@ def test_sampler_logprobs_follow_weight_sync(engine):
     synced_tol = (0.05, 0.3) if sampler.serves_adapter else (0.03, 0.2)
     _check_logprobs_follow_sync(cfg, policy, sampler, base_tol=(0.02, 0.1), synced_tol=synced_tol)
     if sampler.serves_adapter:
-        from rlft.rollout import sync_sampler
+        from rlft.samplers import sync_sampler
 
         first = sampler.adapter.lora_int_id
         sync_sampler(sampler, policy)
@@ -97,7 +97,7 @@ def test_sampler_logprobs_follow_weight_sync(engine):
 
 
 def test_greedy_and_eos(engine):
-    from rlft.rollout import SamplingParams
+    from rlft.samplers import SamplingParams
 
     cfg, policy, sampler = engine
     gens = sampler.generate([[1, 50, 60]], SamplingParams(n=1, max_new_tokens=6, greedy=True))
@@ -187,7 +187,7 @@ def test_vllm_config_errors(overrides, expected, sampler):
 
 
 def test_vllm_stops_on_every_stop_id(engine):
-    from rlft.rollout import SamplingParams
+    from rlft.samplers import SamplingParams
 
     cfg, policy, sampler = engine
     free = sampler.generate([[1, 50, 60]], SamplingParams(n=1, max_new_tokens=12, greedy=True)).completion_ids[0]
@@ -264,8 +264,8 @@ def _vllm_child_seeds(cfg, cursor: int, indices: range) -> list[int]:
 
     from vllm.v1.engine.parallel_sampling import ParentRequest
 
-    from rlft.collection import sampling_params
-    from rlft.rollout.vllm import request_params
+    from rlft.rollout import sampling_params
+    from rlft.samplers.vllm import request_params
 
     seeds = []
     for k, sp in enumerate(request_params(sampling_params(cfg, cursor, indices), len(indices), [], seeded=True)):
@@ -279,9 +279,9 @@ def test_no_two_completions_of_a_run_share_a_vllm_seed(num_prompts, n):
     """Issue 23: prompt seeds 1 apart gave (prompt i, sample j) the seed of (i + 1, j - 1): 16 prompts x
     8 samples drew from 23 distinct seeds. Over two steps of three sampling rounds (DAPO: a data
     position each), split over 1 to 8 data-parallel ranks (each sampling its own prompt indices)."""
-    from rlft.collection import sampling_params
     from rlft.config import compose
-    from rlft.rollout.base import completion_seeds
+    from rlft.rollout import sampling_params
+    from rlft.samplers.base import completion_seeds
 
     cfg, _, _ = compose([*VLLM_TINY, f"trainer.num_prompts={num_prompts}", f"sampler.n={n}"])
     by_world = {}

@@ -8,7 +8,7 @@ import torch
 
 from rlft.config import ConfigError
 from rlft.config.validation import vllm_available
-from rlft.rollout.vllm import engine_placement
+from rlft.samplers.vllm import engine_placement
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
 
@@ -54,7 +54,7 @@ import torch
 from vllm import LLM, SamplingParams
 from rlft.config import compose
 from rlft.models.loading import load_base
-from rlft.rollout.vllm import pinned_executor
+from rlft.samplers.vllm import pinned_executor
 
 cfg, _, _ = compose(["model=tiny"])
 model, tok = load_base(cfg.model, torch.float32, 0)

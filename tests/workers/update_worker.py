@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlft.batch import RolloutBatch
-from rlft.collection import rank_rows
 from rlft.config import compose
 from rlft.distributed import from_environment
 from rlft.learner import update_policy
+from rlft.rollout import rank_rows
 from rlft.run_state import trainable_tensors
 from rlft.sharding import full_named
 from rlft.trainer import build_components

@@ -98,18 +98,18 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
         tokenizer: The policy's tokenizer.
         seed: Sampling seed.
         device: The learner's device, where the hf sampler runs too (and a one-process vLLM engine,
-            on ``cuda:N``: rlft.rollout.vllm.engine_placement).
+            on ``cuda:N``: rlft.samplers.vllm.engine_placement).
     """
     from rlft.config.validation import resolve_sampler_name
 
     name = resolve_sampler_name(cfg.name)
     stop = stop_token_ids(model.generation_config, tokenizer)
     if name == "hf":
-        from rlft.rollout.hf import HFSampler
+        from rlft.samplers.hf import HFSampler
 
         return HFSampler(model, tokenizer, seed, stop, device=device)
     if name == "vllm":
-        from rlft.rollout.vllm import VLLMSampler
+        from rlft.samplers.vllm import VLLMSampler
 
         rank = model_cfg.lora.r if model_cfg.lora.enabled else 0
         return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, stop, rank, device)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlft.rollout.base import Generations, SamplingParams, completion_seeds
+from rlft.samplers.base import Generations, SamplingParams, completion_seeds
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,

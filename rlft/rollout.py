@@ -26,7 +26,7 @@ from rlft.distributed import SINGLE, DataParallel
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
-from rlft.rollout import Generations, Sampler, SamplingParams
+from rlft.samplers import Generations, Sampler, SamplingParams
 
 
 @dataclass

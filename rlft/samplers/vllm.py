@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from rlft.distributed import launched
-from rlft.rollout.base import Generations, SamplingParams, scratch_dir
+from rlft.samplers.base import Generations, SamplingParams, scratch_dir
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
