@@ -187,11 +187,12 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
     from omegaconf import OmegaConf
 
     from rlft.cli import user_errors
+    from rlft.components import preflight
     from rlft.config.loading import to_config
     from rlft.distributed import launched
     from rlft.launch import final_accuracy
     from rlft.rewards import RewardError
-    from rlft.trainer import preflight, train
+    from rlft.trainer import train
 
     hc = HydraConfig.get()
     status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlft.data.chat import drop_long_prompts, problem_ids, prompt_room
 from rlft.data.tasks import DataError, Problem
@@ -15,8 +15,11 @@ from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
 from rlft.samplers import Sampler, SamplingParams
 
+if TYPE_CHECKING:
+    from rlft.config.schemas import Config
 
-def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
+
+def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
                 params: SamplingParams) -> tuple[list[list[bool]], int]:
     """Sample ``params.n`` completions per problem and judge each with the first reward function (> 0.5).
 
@@ -37,7 +40,7 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
     return out, gens.num_tokens
 
 
-def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
+def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
              dp: DataParallel = SINGLE) -> dict[str, float]:
     """Greedy accuracy (the first reward function, usually correctness, > 0.5) on ``problems``.
 
@@ -61,7 +64,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def sampled_params(cfg: Any, num_problems: int, samples: int) -> SamplingParams:
+def sampled_params(cfg: Config, num_problems: int, samples: int) -> SamplingParams:
     """Evaluation's sampling settings: a seed per problem, spaced as training's (``prompt_seeds``), so
     that no two samples share vLLM's per-request noise (one seed for every prompt gave sample j of
     every problem the same seed)."""
@@ -73,7 +76,7 @@ def sampled_params(cfg: Any, num_problems: int, samples: int) -> SamplingParams:
                           prompt_seeds=prompt_seeds(cfg.seed, 0, range(num_problems), num_problems, samples))
 
 
-def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any,
+def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
                      samples: int) -> dict[str, float]:
     """pass@1 and pass@``samples`` at the sampler's temperature, seeded by ``cfg.seed``."""
     ok, _ = correctness(sampler, tokenizer, problems, cfg, sampled_params(cfg, len(problems), samples))
@@ -83,7 +86,7 @@ def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], 
     return out
 
 
-def run_eval(cfg: Any, checkpoint: Path | None, samples: int) -> dict[str, Any]:
+def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     """Evaluate the base model named by ``cfg.model`` or, given one, a checkpoint's policy."""
     from rlft.data import build_task
     from rlft.models import build_policy

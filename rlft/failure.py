@@ -19,11 +19,15 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from rlft import run_state
+
+if TYPE_CHECKING:
+    from rlft.components import Components
+    from rlft.outputs import Outputs
 
 
 @dataclass
@@ -34,15 +38,15 @@ class Snapshot:
     state: dict[str, Any]
 
 
-def capture(c: Any) -> Snapshot:
-    """Copy the components' training state (``c``: trainer Components) into host memory (on a GPU,
+def capture(c: Components) -> Snapshot:
+    """Copy the components' training state into host memory (on a GPU,
     device memory is the scarce one; the copy costs one transfer per step)."""
     tensors, state = run_state.collect(c)
     copied = {f: {k: v.detach().to("cpu", copy=True) for k, v in group.items()} for f, group in tensors.items()}
     return Snapshot(copied, copy.deepcopy(state))
 
 
-def restore(c: Any, snap: Snapshot) -> None:
+def restore(c: Components, snap: Snapshot) -> None:
     """Put a snapshot back into the components.
 
     Raises:
@@ -52,7 +56,7 @@ def restore(c: Any, snap: Snapshot) -> None:
     run_state.apply(c, snap.tensors, snap.state, "the step's starting state")
 
 
-def save_on_failure(c: Any, out: Any, done: int, saved_step: int, snap: Snapshot) -> None:
+def save_on_failure(c: Components, out: Outputs, done: int, saved_step: int, snap: Snapshot) -> None:
     """Keep the work done so far when a run stops on an error or an abort: ``snap`` (the state after
     ``done`` steps) goes back into the components and, on the writing rank, into a checkpoint.
     ``out`` is the run's :class:`rlft.outputs.Outputs`."""

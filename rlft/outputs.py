@@ -14,12 +14,17 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlft import run_state
 from rlft.distributed import DataParallel
 from rlft.plots import plot_run
 from rlft.tracking import Tracker, keep_metrics_through
+
+if TYPE_CHECKING:
+    from rlft.components import Components
+    from rlft.config.schemas import Config
+    from rlft.failure import Snapshot
 
 # Tests kill the process inside a torn write: a step's rows but the last line's end are written, then
 # this many seconds pass.
@@ -31,12 +36,12 @@ class Outputs:
     """A run's writer (``tracker`` None: a rank that writes nothing)."""
 
     run_dir: Path
-    cfg: Any
+    cfg: Config
     resolved_yaml: str
     tracker: Tracker | None
 
     @staticmethod
-    def open(dp: DataParallel, run_dir: Path, cfg: Any, resolved_yaml: str, start: int,
+    def open(dp: DataParallel, run_dir: Path, cfg: Config, resolved_yaml: str, start: int,
              resume: Path | None) -> Outputs:
         """Start (or, resuming at ``start``, continue) the run's files; on ranks other than 0, a silent writer."""
         if not dp.main:
@@ -71,11 +76,11 @@ class Outputs:
             # The step's rows in one write: a kill leaves at most a cut last line, which a resume drops.
             f.write(text[cut:])
 
-    def save(self, c: Any, step: int, metrics: dict[str, float]) -> Path:
+    def save(self, c: Components, step: int, metrics: dict[str, float]) -> Path:
         """Checkpoint after ``step`` (a collective: every rank calls it; rank 0 writes)."""
         return run_state.save(c, self.run_dir, step, self.resolved_yaml, self.cfg.trainer.keep_last, metrics)
 
-    def write_snapshot(self, c: Any, step: int, snap: Any) -> Path | None:
+    def write_snapshot(self, c: Components, step: int, snap: Snapshot) -> Path | None:
         """Write a :class:`rlft.failure.Snapshot` as the checkpoint of ``step``, without collectives."""
         if self.tracker is None:
             return None

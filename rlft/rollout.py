@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,10 @@ from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
 from rlft.samplers import Generations, Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from rlft.components import Components
+    from rlft.config.schemas import Config, SamplerConfig
 
 
 @dataclass
@@ -60,7 +64,7 @@ def prompt_seeds(seed: int, cursor: int, indices: range, num_prompts: int, n: in
     return tuple(base + ((cursor * num_prompts + i) * n) % 2**32 for i in indices)
 
 
-def sampling_params(cfg: Any, cursor: int, indices: range | None = None) -> SamplingParams:
+def sampling_params(cfg: Config, cursor: int, indices: range | None = None) -> SamplingParams:
     """The rollout's sampling settings, seeded per prompt (``indices``: the prompts' places in the global batch)."""
     s = cfg.sampler
     indices = range(cfg.trainer.num_prompts) if indices is None else indices
@@ -81,7 +85,21 @@ class _Round:
     reward_s: float
 
 
-def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Any, cursor: int,
+@dataclass
+class _KeptRow:
+    """One completion of a kept group: what the step trains on and logs."""
+
+    prompt: list[int]
+    completion: list[int]
+    truncated: bool
+    score: float
+    group: int
+    """The group's place among the step's kept groups."""
+    logprobs: list[float] | None
+    """The sampler's log-probs of the completion tokens (None: it reports none)."""
+
+
+def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config, cursor: int,
                   indices: range) -> _Round:
     prompts = [problem_ids(tokenizer, p, cfg.data) for p in problems]
     t0 = time.perf_counter()
@@ -123,7 +141,7 @@ def _merge(parts: list[_Round]) -> _Round:
                   max(p.generate_s for p in parts), max(p.reward_s for p in parts))
 
 
-def collect_rollout(c: Any, cfg: Any, dp: DataParallel = SINGLE) -> Rollout:
+def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Rollout:
     """Sample groups, score them, and (DAPO) keep only informative groups, sampling more rounds
     until ``trainer.num_prompts`` groups are kept or ``algo.max_sampling_rounds`` is reached.
 
@@ -132,7 +150,7 @@ def collect_rollout(c: Any, cfg: Any, dp: DataParallel = SINGLE) -> Rollout:
     a, want = cfg.algo, cfg.trainer.num_prompts
     share = want // dp.world
     mine = range(dp.rank * share, (dp.rank + 1) * share)
-    rows: list[tuple[list[int], list[int], bool, float, int, list[float] | None]] = []
+    rows: list[_KeptRow] = []
     seen: list[_Round] = []
     kept = 0
     while True:
@@ -148,7 +166,8 @@ def collect_rollout(c: Any, cfg: Any, dp: DataParallel = SINGLE) -> Rollout:
                 break
             for j in (group_ids == g).nonzero().squeeze(-1).tolist():
                 lp = r.gens.logprobs[j] if r.gens.logprobs is not None else None
-                rows.append((r.prompts[g], r.gens.completion_ids[j], r.gens.truncated[j], float(r.scores[j]), kept, lp))
+                rows.append(_KeptRow(r.prompts[g], r.gens.completion_ids[j], r.gens.truncated[j], float(r.scores[j]),
+                                     kept, lp))
             kept += 1
         if not a.dynamic_sampling or kept == want or len(seen) >= a.max_sampling_rounds:
             break
@@ -159,8 +178,8 @@ def collect_rollout(c: Any, cfg: Any, dp: DataParallel = SINGLE) -> Rollout:
                         "dynamic/groups": float(kept)})
     if not rows:
         return Rollout(None, metrics, [])
-    logged = [{"group": g, "prompt_ids": p, "completion_ids": comp, "score": s, "truncated": t}
-              for p, comp, t, s, g, _ in rows]
+    logged = [{"group": k.group, "prompt_ids": k.prompt, "completion_ids": k.completion, "score": k.score,
+               "truncated": k.truncated} for k in rows]
     batch = _pack_rows(rows, c.policy.tokenizer.pad_token_id, cfg)
     if dp.active:
         batch = batch.select(rank_rows(batch.group_ids, dp.rank, dp.world))
@@ -173,13 +192,14 @@ def rank_rows(group_ids: Tensor, rank: int, world: int) -> Tensor:
     return torch.isin(group_ids, mine).nonzero().squeeze(-1)
 
 
-def _pack_rows(rows: list[tuple], pad_id: int, cfg: Any) -> RolloutBatch:
-    prompts, comps, cut, scores, gid, lps = (list(x) for x in zip(*rows))
-    input_ids, start, length, mask = pack(prompts, comps, pad_id)
+def _pack_rows(rows: list[_KeptRow], pad_id: int, cfg: Config) -> RolloutBatch:
+    input_ids, start, length, mask = pack([k.prompt for k in rows], [k.completion for k in rows], pad_id)
     batch = RolloutBatch(
-        input_ids, start, length, mask, torch.tensor(gid), torch.tensor(scores, dtype=torch.float32),
-        torch.tensor(cut, dtype=torch.bool),
+        input_ids, start, length, mask, torch.tensor([k.group for k in rows]),
+        torch.tensor([k.score for k in rows], dtype=torch.float32),
+        torch.tensor([k.truncated for k in rows], dtype=torch.bool),
     )
+    lps = [k.logprobs for k in rows]
     if all(lp is not None for lp in lps) and untruncated(cfg.sampler):
         batch.sampler_logp = torch.zeros_like(mask)
         for i, lp in enumerate(lps):
@@ -187,7 +207,7 @@ def _pack_rows(rows: list[tuple], pad_id: int, cfg: Any) -> RolloutBatch:
     return batch
 
 
-def untruncated(s: Any) -> bool:
+def untruncated(s: SamplerConfig) -> bool:
     """Sampling from the full softmax: only then do the sampler's log-probs (vLLM reports them after
     top-p/top-k, renormalised over the kept tokens) compare with the learner's over the whole vocabulary."""
     return s.top_p >= 1.0 and s.top_k <= 0

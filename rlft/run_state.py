@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from torch import Tensor
 from rlft import checkpoint as ckpt
 from rlft.config import ConfigError
 from rlft.sharding import copy_full_, full_named, like
+
+if TYPE_CHECKING:
+    from rlft.components import Components
 
 WEIGHTS = "trainable.safetensors"
 OPTIMIZER = "optimizer.safetensors"
@@ -111,7 +114,7 @@ def classify(key: str, old: dict[str, Any], new: dict[str, Any]) -> tuple[str, s
     return (HARMFUL, harmful_why) if test is not None and test(old, new) else (kind, why)
 
 
-def trainable_tensors(c: Any) -> dict[str, Tensor]:
+def trainable_tensors(c: Components) -> dict[str, Tensor]:
     """Every trained tensor, by a stable name: the policy's (incl. a critic adapter) and the critic's."""
     out = {f"policy/{n}": p for n, p in c.policy.model.named_parameters() if p.requires_grad}
     if c.critic is not None:
@@ -121,7 +124,7 @@ def trainable_tensors(c: Any) -> dict[str, Tensor]:
     return out
 
 
-def collect(c: Any) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
+def collect(c: Components) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]]:
     """Everything a training step changes, as ``({file name: {tensor name: tensor}}, JSON state)``.
 
     The tensors are the live ones (weights, optimizer moments), not copies, except under FSDP2,
@@ -164,7 +167,8 @@ def _rank_rng(device: torch.device) -> tuple[dict[str, Tensor], dict[str, Any]]:
     }
 
 
-def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, metrics: dict | None = None) -> Path:
+def save(c: Components, run_dir: Path, step: int, config_yaml: str, keep_last: int,
+         metrics: dict | None = None) -> Path:
     """Checkpoint the components after ``step`` completed steps; prune to ``keep_last``. Under data
     parallelism every rank calls this (the random states are gathered) and rank 0 writes."""
     tensors, state = collect(c)
@@ -173,7 +177,7 @@ def save(c: Any, run_dir: Path, step: int, config_yaml: str, keep_last: int, met
     return write(c, run_dir, step, tensors, state, config_yaml, keep_last, metrics)
 
 
-def write(c: Any, run_dir: Path, step: int, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any],
+def write(c: Components, run_dir: Path, step: int, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any],
           config_yaml: str, keep_last: int, metrics: dict | None = None) -> Path:
     """Write collected (or snapshotted) state as the checkpoint of ``step``; no collectives."""
     state = {"step": step, **state, "metrics": metrics or {}}
@@ -217,7 +221,7 @@ def _copy_into(own: dict[str, Tensor], saved: dict[str, Tensor], source: str) ->
             copy_full_(p, saved[name])
 
 
-def restore(c: Any, path: Path) -> dict[str, Any]:
+def restore(c: Components, path: Path) -> dict[str, Any]:
     """Put the whole training state back; returns the trainer state JSON (``step``, ``metrics``, ...)."""
     state = ckpt.read_json(path, ckpt.STATE)
     _check_same_problems(state, c.task, path)
@@ -239,7 +243,7 @@ def _check_same_problems(state: dict[str, Any], task: Any, path: Path) -> None:
     )
 
 
-def apply(c: Any, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], source: str) -> None:
+def apply(c: Components, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any], source: str) -> None:
     """Put what :func:`collect` returned (from a checkpoint or a snapshot) back into the components.
 
     Raises:

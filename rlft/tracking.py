@@ -6,10 +6,13 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import Config
 
 # Shown on the per-step console line, in this order, when present.
 _CONSOLE_KEYS = [
@@ -25,7 +28,7 @@ _CONSOLE_KEYS = [
 class Tracker:
     """Writes each step's metrics everywhere they go."""
 
-    def __init__(self, run_dir: Path, cfg: Any, total_steps: int, console: bool, resolved: dict | None = None,
+    def __init__(self, run_dir: Path, cfg: Config, total_steps: int, console: bool, resolved: dict | None = None,
                  start_step: int = 0):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"

@@ -6,7 +6,7 @@ import torch
 
 from rlft.config import compose
 from rlft.models import build_policy
-from rlft.samplers import SamplingParams, build_sampler
+from rlft.samplers import Sampler, SamplingParams, build_sampler, sync_sampler
 from rlft.samplers.hf import sample_next
 from tests.conftest import TINY
 
@@ -101,3 +101,20 @@ def test_the_run_seed_changes_the_hf_samplers_draws():
     seeds = [s for cursor in range(50) for s in
              completion_seeds(SamplingParams(n=8, prompt_seeds=prompt_seeds(7, cursor, range(16), 16, 8)))]
     assert len({generator_seed(s) for s in seeds}) == len(seeds)
+
+
+def test_the_hf_sampler_is_a_sampler_synced_by_weights():
+    """It has every member the trainer calls (no hasattr there): its sleep keeps the weights and the
+    next call samples as before; a sync pushes weights, never an adapter."""
+    sampler, tok = _sampler()
+    assert isinstance(sampler, Sampler) and not sampler.serves_adapter
+    params = SamplingParams(n=2, max_new_tokens=8, greedy=True)
+    before = sampler.generate([[1, 50, 60]], params)
+    sampler.sleep()
+    assert sampler.generate([[1, 50, 60]], params).completion_ids == before.completion_ids
+    cfg, _, _ = compose(TINY + ["model.dtype=fp32"])
+    policy, _ = build_policy(cfg.model, 1, need_reference=False)  # another seed: other weights
+    merged = dict(policy.sampler_weights())
+    assert not all(torch.equal(sampler.model.get_parameter(n), w) for n, w in merged.items())
+    sync_sampler(sampler, policy)  # load_weights (load_adapter would raise)
+    assert all(torch.equal(sampler.model.get_parameter(n), w) for n, w in merged.items())

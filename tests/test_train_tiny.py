@@ -21,10 +21,10 @@ def test_grpo_steps_change_lora_and_log_metrics(tmp_path, monkeypatch):
     cfg, raw, _ = compose(
         TINY + ["trainer.steps=3", "trainer.eval_every=2", "optim.lr=1e-2", "reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]
     )
-    import rlft.trainer as trainer_mod
+    import rlft.components as components_mod
 
     captured = {}
-    real_build = trainer_mod.build_policy
+    real_build = components_mod.build_policy
 
     def spy(*args, **kwargs):
         policy, copy = real_build(*args, **kwargs)
@@ -32,7 +32,7 @@ def test_grpo_steps_change_lora_and_log_metrics(tmp_path, monkeypatch):
         captured["before"] = _lora_weights(policy.model)
         return policy, copy
 
-    monkeypatch.setattr(trainer_mod, "build_policy", spy)
+    monkeypatch.setattr(components_mod, "build_policy", spy)
     last = train(cfg, tmp_path / "run", "seed: 0\n")
     after = _lora_weights(captured["policy"].model)
     before = captured["before"]

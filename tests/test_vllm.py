@@ -97,9 +97,11 @@ def test_sampler_logprobs_follow_weight_sync(engine):
 
 
 def test_greedy_and_eos(engine):
-    from rlft.samplers import SamplingParams
+    from rlft.samplers import Sampler, SamplingParams
 
     cfg, policy, sampler = engine
+    assert isinstance(sampler, Sampler)  # every member the trainer calls
+    sampler.sleep()  # frees memory on a GPU only; the next call wakes the engine
     gens = sampler.generate([[1, 50, 60]], SamplingParams(n=1, max_new_tokens=6, greedy=True))
     again = sampler.generate([[1, 50, 60]], SamplingParams(n=1, max_new_tokens=6, greedy=True))
     assert gens.completion_ids == again.completion_ids

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from rlft.algorithms.masked import Reduce, local, masked_whiten
 from rlft.registry import Registry
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import AlgoConfig
 
 ADV_ESTIMATORS = Registry("advantage estimator")
 
@@ -71,7 +74,7 @@ def group_normalized_scores(scores: Tensor, group_ids: Tensor, norm_by_std: bool
 
 
 @ADV_ESTIMATORS.register("grpo")
-def grpo(inputs: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+def grpo(inputs: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantages: the group-normalized score on every response token.
 
     Args:
@@ -118,7 +121,7 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: 
 
 
 @ADV_ESTIMATORS.register("gae")
-def gae_estimator(inputs: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+def gae_estimator(inputs: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """PPO: GAE on per-token rewards and critic values, advantages whitened over the batch.
 
     Args:

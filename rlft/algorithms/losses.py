@@ -5,7 +5,7 @@ The returned loss is per token, to be minimised; aggregation to a scalar is sepa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -13,12 +13,15 @@ from torch import Tensor
 from rlft.algorithms.masked import masked_mean
 from rlft.registry import Registry
 
+if TYPE_CHECKING:
+    from rlft.config.schemas import AlgoConfig
+
 POLICY_LOSSES = Registry("policy loss")
 
 
 @POLICY_LOSSES.register("clip")
 def clipped_surrogate(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-Clip: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp).
 
@@ -52,7 +55,7 @@ def clipped_surrogate(
 
 @POLICY_LOSSES.register("kl_penalty")
 def kl_penalty_surrogate(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-Penalty: -(r A) + penalty_beta * KL(pi_old || pi_theta), KL per token as (r - 1) - log r.
 
@@ -74,7 +77,7 @@ def kl_penalty_surrogate(
 
 @POLICY_LOSSES.register("gspo")
 def gspo_surrogate(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: Any
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: a sequence-level ratio s_i = exp(mean_t (logp - old_logp)), clipped per sequence.
 

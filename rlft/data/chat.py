@@ -3,10 +3,13 @@ sampler's engine can complete (sampler.vllm.max_model_len)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlft.data.problem import DataError, Problem
 from rlft.data.tasks import Task, rows_task
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import DataConfig, SamplerConfig
 
 Prompt = str | list[dict[str, Any]]
 """A user message, or a list of chat messages ``{"role": ..., "content": ...}``."""
@@ -28,7 +31,7 @@ def prompt_ids(tokenizer: Any, prompt: Prompt, system_prompt: str | None = None,
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def problem_ids(tokenizer: Any, problem: Problem, data_cfg: Any) -> list[int]:
+def problem_ids(tokenizer: Any, problem: Problem, data_cfg: DataConfig) -> list[int]:
     """:func:`prompt_ids` of a problem under the data config's ``system_prompt`` and ``chat_template``."""
     return prompt_ids(tokenizer, problem.model_input, data_cfg.system_prompt, getattr(data_cfg, "chat_template", True))
 
@@ -50,7 +53,7 @@ def _render(tokenizer: Any, prompt: Prompt, system_prompt: str | None, chat_temp
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
 
 
-def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: Any,
+def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: DataConfig,
                       engine_room: tuple[int, str] | None = None) -> tuple[Task, int, int]:
     """The task without the problems whose prompt, as the model sees it (chat template and system prompt
     included), is longer than ``data_cfg.max_prompt_tokens`` tokens (0: no limit) or than
@@ -95,7 +98,7 @@ def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: Any,
     return out, *dropped
 
 
-def prompt_room(sampler_cfg: Any) -> tuple[int, str] | None:
+def prompt_room(sampler_cfg: SamplerConfig) -> tuple[int, str] | None:
     """The longest prompt the sampler can complete to ``max_new_tokens`` without the engine refusing it
     or cutting the completion short, and what sets it; None when the sampler has no such limit (hf
     generates any length)."""
@@ -108,7 +111,7 @@ def prompt_room(sampler_cfg: Any) -> tuple[int, str] | None:
                          f"(prompts up to {total - new} tokens)")
 
 
-def _check_generated_fit(task: Task, tokenizer: Any, data_cfg: Any, limit: int, why: str) -> None:
+def _check_generated_fit(task: Task, tokenizer: Any, data_cfg: DataConfig, limit: int, why: str) -> None:
     """A generated stream cannot be filtered: its held-out problems and first training batch stand for
     the rest (their prompts come from one template, so their lengths hardly vary)."""
     sample = task.eval_problems + task.batch(0, 32)
@@ -118,7 +121,7 @@ def _check_generated_fit(task: Task, tokenizer: Any, data_cfg: Any, limit: int, 
                         "sampler.vllm.max_model_len (or shorten data.template / data.system_prompt)")
 
 
-def _lengths(tokenizer: Any, problems: list[Problem], data_cfg: Any) -> list[int]:
+def _lengths(tokenizer: Any, problems: list[Problem], data_cfg: DataConfig) -> list[int]:
     """Prompt lengths in tokens, as :func:`problem_ids` counts them (tokenized in one batch call)."""
     rendered = [_render(tokenizer, p.model_input, data_cfg.system_prompt, getattr(data_cfg, "chat_template", True))
                 for p in problems]

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlft.data.tasks import _EVAL_SEED, DataError, Problem, Task, check_ops, held_out_task
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import DataConfig
 
 OPS = ("+", "-", "*", "/")
 MAX_TRIES = 1000
@@ -26,7 +29,7 @@ Key = tuple[tuple[int, ...], int]
 """A problem's identity: its numbers (sorted: an order of the same numbers is the same problem) and target."""
 
 
-def countdown_task(cfg: Any, seed: int) -> Task:
+def countdown_task(cfg: DataConfig, seed: int) -> Task:
     """Countdown problems; the held-out problems (same numbers and target) never appear in training.
 
     ``cfg`` (DataConfig): ``num_numbers`` (how many numbers a problem gives, drawn from this list),

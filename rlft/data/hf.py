@@ -17,18 +17,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlft.data.problem import DataError, Problem, check_columns, to_problems
 from rlft.data.tasks import Task, json_rows, split_eval
 from rlft.paths import user_path
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import DataConfig
 
 FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
 """File suffix -> the ``datasets`` builder that reads it."""
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 
 
-def hf_task(cfg: Any, seed: int) -> Task:
+def hf_task(cfg: DataConfig, seed: int) -> Task:
     """Problems from ``cfg.path``'s split ``cfg.split``; eval from ``cfg.eval_split`` (of ``cfg.eval_path``
     when given, else of ``cfg.path``), or the only split of ``cfg.eval_path``, or the last ``cfg.num_eval``
     training rows. data=gsm8k reads each answer as the final number N of the worked solution."""
@@ -46,7 +49,7 @@ def _gsm8k_answer(text: str) -> str:
     return parse_gsm8k_answer(text)
 
 
-def load_problems(path: str, split: str | None, cfg: Any, parse_answer: Callable[[str], str] | None = None
+def load_problems(path: str, split: str | None, cfg: DataConfig, parse_answer: Callable[[str], str] | None = None
                   ) -> list[Problem]:
     """The problems of one split (None: the data set's only split) of the data set at ``path``.
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import DataConfig
 
 
 class DataError(ValueError):
@@ -38,7 +41,7 @@ class Problem:
         return self.messages if self.messages is not None else self.prompt
 
 
-def to_problems(rows: Iterable[tuple[str, dict[str, Any]]], cfg: Any,
+def to_problems(rows: Iterable[tuple[str, dict[str, Any]]], cfg: DataConfig,
                 parse_answer: Callable[[str], str] | None = None) -> list[Problem]:
     """Problems from ``(where, row)`` pairs; ``where`` names the row in errors ("d.jsonl:3", "d.parquet: row 3").
 
@@ -74,7 +77,7 @@ def check_columns(where: str, names: Iterable[str], prompt_field: str, answer_fi
                             f"functions ({', '.join(RESERVED_COLUMNS)}); rename or remove it")
 
 
-def _problem(where: str, row: Any, pf: str, af: str | None, template: str, cfg: Any,
+def _problem(where: str, row: Any, pf: str, af: str | None, template: str, cfg: DataConfig,
              parse_answer: Callable[[str], str] | None) -> Problem:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object, got {type(row).__name__}")
@@ -104,7 +107,7 @@ def _problem(where: str, row: Any, pf: str, af: str | None, template: str, cfg: 
     return Problem(prompt, answer, columns, messages)
 
 
-def _messages(where: str, pf: str, value: list, cfg: Any) -> list[dict[str, Any]]:
+def _messages(where: str, pf: str, value: list, cfg: DataConfig) -> list[dict[str, Any]]:
     """Check a chat-message prompt: dicts with string role and content, at least one user message."""
     if not getattr(cfg, "chat_template", True):
         raise DataError(f"{where}: field '{pf}' holds chat messages, which need data.chat_template=true "

@@ -7,12 +7,15 @@ import json
 import operator
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlft.data.problem import DataError, Problem, to_problems
 from rlft.paths import user_path
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import DataConfig
 
 __all__ = ["DataError", "Problem", "Task", "build_task", "rows_task"]
 
@@ -44,7 +47,7 @@ class Task:
 _OPS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
-def arithmetic_task(cfg: Any, seed: int) -> Task:
+def arithmetic_task(cfg: DataConfig, seed: int) -> Task:
     """Problems 'a op b' with operands of ``cfg.digits`` digits; eval problems never appear in training."""
     check_ops(cfg.ops, _OPS)
     if cfg.digits < 1:
@@ -145,7 +148,7 @@ def json_rows(p: Path, text: str, as_list: bool) -> list[tuple[str, Any]]:
     return rows
 
 
-def read_records(path: str | Path, cfg: Any) -> list[Problem]:
+def read_records(path: str | Path, cfg: DataConfig) -> list[Problem]:
     """Problems of a JSONL file (one object per line) or a JSON file holding a list of objects.
 
     ``cfg`` (DataConfig): ``prompt_field``, ``answer_field``, ``template`` and the chat settings
@@ -192,14 +195,14 @@ def split_eval(rows: list[Problem], eval_rows: list[Problem] | None, num_eval: i
     return rows_task(rows, eval_rows, seed)
 
 
-def file_task(cfg: Any, seed: int) -> Task:
+def file_task(cfg: DataConfig, seed: int) -> Task:
     """Problems from a local JSONL/JSON file; eval from ``eval_path`` or the last rows of ``path``."""
     rows = read_records(cfg.path, cfg)
     eval_rows = read_records(cfg.eval_path, cfg) if cfg.eval_path else None
     return split_eval(rows, eval_rows, cfg.num_eval, cfg.path, seed)
 
 
-def build_task(cfg: Any, seed: int) -> Task:
+def build_task(cfg: DataConfig, seed: int) -> Task:
     """The task named by ``cfg.name`` (DataConfig)."""
     if cfg.name == "arithmetic":
         return arithmetic_task(cfg, seed)

@@ -6,12 +6,15 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from rlft.models.policy import Policy
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import ModelConfig
 
 CRITIC_ADAPTER = "critic"
 
@@ -61,7 +64,7 @@ def _set_trainable(model: Any, adapters: tuple[str, ...]) -> None:
             p.requires_grad_(True)
 
 
-def build_critic(policy: Policy, cfg: Any, seed: int) -> Critic:
+def build_critic(policy: Policy, cfg: ModelConfig, seed: int) -> Critic:
     """A critic for ``policy``: a second adapter under LoRA, else a copy of the base model."""
     hidden = policy.model.get_output_embeddings().weight.shape[1]
     with torch.random.fork_rng():

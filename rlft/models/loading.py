@@ -10,11 +10,14 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext, redirect_stderr
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlft.paths import user_path
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import ModelConfig
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -105,7 +108,7 @@ def save_model_dir(model: Any, tokenizer: Any, path: str | Path) -> None:
     tokenizer.save_pretrained(path)
 
 
-def model_dir(cfg: Any) -> Path:
+def model_dir(cfg: ModelConfig) -> Path:
     """The directory the tokenizer (and, unless ``source=tiny``, the weights) load from.
 
     Raises:
@@ -122,7 +125,7 @@ def model_dir(cfg: Any) -> Path:
 
 
 @contextmanager
-def _loading(cfg: Any, what: str) -> Iterator[None]:
+def _loading(cfg: ModelConfig, what: str) -> Iterator[None]:
     """transformers fails with many-line messages or tracebacks; the user gets the source, the part and the cause."""
     try:
         yield
@@ -139,7 +142,7 @@ def _first_line(e: Exception, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def load_tokenizer(cfg: Any) -> Any:
+def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
     src = model_dir(cfg)
@@ -150,7 +153,7 @@ def load_tokenizer(cfg: Any) -> Any:
     return tok
 
 
-def load_base(cfg: Any, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu") -> tuple[Any, Any]:
+def load_base(cfg: ModelConfig, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu") -> tuple[Any, Any]:
     """The base causal LM (eval mode, on CPU) and its tokenizer.
 
     Args:
@@ -185,7 +188,7 @@ def load_base(cfg: Any, dtype: torch.dtype, seed: int, device: torch.device | st
     return model.eval(), tok
 
 
-def attn_implementation(cfg: Any, device: torch.device | str = "cpu") -> str:
+def attn_implementation(cfg: ModelConfig, device: torch.device | str = "cpu") -> str:
     if cfg.attn_implementation != "auto":
         return cfg.attn_implementation
     return "sdpa" if torch.device(device).type == "cuda" else "eager"

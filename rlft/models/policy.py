@@ -6,13 +6,16 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from rlft.models.device import autocast
 from rlft.models.loading import DTYPES, load_base
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import LoraConfig, ModelConfig
 
 
 @dataclass
@@ -91,7 +94,7 @@ def _base_name(peft_name: str) -> str:
     return peft_name.removeprefix("base_model.model.")
 
 
-def wrap_lora(base: Any, cfg: Any) -> Any:
+def wrap_lora(base: Any, cfg: LoraConfig) -> Any:
     """``base`` with a fresh LoRA adapter named "default" per LoraConfig ``cfg``."""
     from peft import LoraConfig, get_peft_model
 
@@ -112,7 +115,7 @@ def _keep_activation_dtype(model: Any) -> None:
             module.cast_input_dtype_enabled = False
 
 
-def build_policy(cfg: Any, seed: int, need_reference: bool,
+def build_policy(cfg: ModelConfig, seed: int, need_reference: bool,
                  device: torch.device | str = "cpu") -> tuple[Policy, Any]:
     """Load the base model and wrap it for training on ``device``.
 

@@ -25,7 +25,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import RewardConfig
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class CallPolicy:
 IN_PROCESS = CallPolicy()
 
 
-def call_policy(reward_cfg: Any) -> CallPolicy:
+def call_policy(reward_cfg: RewardConfig) -> CallPolicy:
     """The CallPolicy of a RewardConfig."""
     return CallPolicy(reward_cfg.num_workers, reward_cfg.timeout_s, reward_cfg.on_timeout)
 

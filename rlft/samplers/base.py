@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from rlft.paths import user_path
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import ModelConfig, SamplerConfig
+    from rlft.models import Policy
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,29 @@ class Generations:
         return sum(len(c) for c in self.completion_ids)
 
 
+@runtime_checkable
 class Sampler(Protocol):
+    """What the trainer, evaluation and weight sync call on a rollout backend (hf.py, vllm.py)."""
+
+    serves_adapter: bool
+    """True: the sampler serves the policy's LoRA adapter on its own base weights, and a sync calls
+    :meth:`load_adapter`; False: a sync pushes weights with :meth:`load_weights`."""
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
         """Sample ``params.n`` completions for each tokenized prompt."""
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Replace the named weights (base-model names) with the policy's current values."""
+        ...
+
+    def load_adapter(self, model: Any) -> None:
+        """Serve peft ``model``'s "default" adapter from now on (called only when :attr:`serves_adapter`)."""
+        ...
+
+    def sleep(self) -> None:
+        """Give accelerator memory to the learner until the next call that samples or loads weights.
+        The trainer calls it after each rollout."""
         ...
 
 
@@ -78,16 +98,17 @@ def stop_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def sync_sampler(sampler: Any, policy: Any) -> None:
+def sync_sampler(sampler: Sampler, policy: Policy) -> None:
     """Make ``sampler`` sample from ``policy``'s current weights: its adapter, when the sampler
     serves adapters, else only the weights that change (under LoRA: the adapted layers, merged)."""
-    if getattr(sampler, "serves_adapter", False):
+    if sampler.serves_adapter:
         sampler.load_adapter(policy.model)
     else:
         sampler.load_weights(policy.sampler_weights())
 
 
-def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: int, device: Any = "cpu") -> Sampler:
+def build_sampler(cfg: SamplerConfig, model_cfg: ModelConfig, model: Any, tokenizer: Any, seed: int,
+                  device: Any = "cpu") -> Sampler:
     """The backend named by ``cfg.name`` (SamplerConfig).
 
     Args:
@@ -116,7 +137,7 @@ def build_sampler(cfg: Any, model_cfg: Any, model: Any, tokenizer: Any, seed: in
     raise ValueError(f"sampler.name='{cfg.name}'; valid choices: auto, hf, vllm")
 
 
-def _model_dir(model_cfg: Any, model: Any, tokenizer: Any) -> str:
+def _model_dir(model_cfg: ModelConfig, model: Any, tokenizer: Any) -> str:
     if model_cfg.source == "path":
         return str(user_path(model_cfg.path))
     if model_cfg.source == "smollm2_gguf":

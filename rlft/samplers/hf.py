@@ -61,6 +61,9 @@ class HFSampler:
     learner's); the same seed draws other tokens on CUDA than on the CPU (other generators).
     """
 
+    serves_adapter = False
+    """It samples from a plain model: a sync merges the adapter into its weights."""
+
     def __init__(self, model: Any, tokenizer: Any, seed: int, stop: list[int], max_batch: int = 256,
                  device: torch.device | str = "cpu"):
         self.device = torch.device(device)
@@ -150,3 +153,11 @@ class HFSampler:
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         for name, value in weights:
             self.model.get_parameter(name).copy_(value)
+
+    def load_adapter(self, model: Any) -> None:
+        """Never called: a sync pushes merged weights into this sampler (:meth:`load_weights`)."""
+        raise NotImplementedError("the hf sampler serves no adapter (serves_adapter is False): use load_weights")
+
+    def sleep(self) -> None:
+        """Keeps everything: the decode loop holds no memory between calls (its KV cache lives for one
+        call), and freeing its copy of the weights would cost a reload before every rollout."""

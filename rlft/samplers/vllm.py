@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from rlft.distributed import launched
 from rlft.samplers.base import Generations, SamplingParams, scratch_dir
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import SamplerConfig
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -24,7 +27,7 @@ class VLLMSampler:
     vLLM's log-probs of the sampled tokens, after temperature, come back with the rollout.
     """
 
-    def __init__(self, model_dir: str, cfg: Any, dtype: str, seed: int, stop: list[int], lora_rank: int = 0,
+    def __init__(self, model_dir: str, cfg: SamplerConfig, dtype: str, seed: int, stop: list[int], lora_rank: int = 0,
                  device: torch.device | str | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         # Where vLLM configures its own logging (outside a training job: rlft eval), errors only.
