@@ -1,4 +1,6 @@
-"""Reward functions used by the tests (importable as tests.helpers:NAME)."""
+"""Reward functions used by the tests (importable as tests.helpers:NAME). CLI subprocesses and reward
+workers import this module: it imports nothing at its top (no pytest; what other tests share is in
+tests/support.py)."""
 
 
 def char_count(prompt: str, completion: str, answer: str, **info) -> float:
@@ -70,26 +72,6 @@ def char_count_on_even(prompt: str, completion: str, answer: str, **info) -> flo
             time.sleep(3600)
         os.kill(os.getpid(), signal.SIGKILL)
     return len(completion) / 10.0 if int(answer) % 2 == 0 else 0.0
-
-
-def write_eos_model(path, eos_logit: float = 12.0) -> None:
-    """The tiny random model, saved as a local HF directory, with its (tied) EOS embedding pointed
-    along the mean final hidden state: about half its 8-token completions then end with EOS, where
-    the plain random model never stops. For tests of the overlong filter and of stopping."""
-    import torch
-    from conftest import TINY
-
-    from rlft.config import compose
-    from rlft.models.loading import load_base
-
-    cfg, _, _ = compose(TINY)
-    model, tok = load_base(cfg.model, torch.float32, 0)
-    ids = torch.randint(5, 3000, (16, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        mean = model.get_decoder()(input_ids=ids).last_hidden_state.reshape(-1, model.config.hidden_size).mean(0)
-        model.get_output_embeddings().weight[tok.eos_token_id] = eos_logit * mean / (mean @ mean)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
 
 
 def raise_always(prompt: str, completion: str, answer: str, **info) -> float:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT, TINY, run_cli
 
 from rlft.rewards import RewardError, score_samples
 from rlft.rewards.registry import Sample, is_batched
 from rlft.tracking import read_metrics
 from tests import helpers
+from tests.support import ROOT, TINY, run_cli
 
 SAMPLES = [Sample(f"p{i}", "x" * (3 * i + 1), str(i), 3 * i + 1, i % 2 == 0) for i in range(7)]
 

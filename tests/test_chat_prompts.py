@@ -190,7 +190,7 @@ def test_a_resume_that_would_drop_other_prompts_is_refused(tmp_path, tok):
 
 def test_cli_train_refuses_data_with_no_prompt_that_fits_vllm_before_starting_it(tmp_path):
     from rlft.config.validation import vllm_available
-    from tests.conftest import TINY, run_cli
+    from tests.support import TINY, run_cli
 
     if not vllm_available():
         pytest.skip("vLLM is not installed")
@@ -208,7 +208,7 @@ def test_cli_train_refuses_data_with_no_prompt_that_fits_vllm_before_starting_it
 def test_cli_train_under_vllm_drops_and_counts_prompts_that_do_not_fit(tmp_path):
     """A real vLLM engine: the long rows are dropped and counted at start-up, the run trains on the rest."""
     from rlft.config.validation import vllm_available
-    from tests.conftest import TINY, run_cli
+    from tests.support import TINY, run_cli
 
     if not vllm_available():
         pytest.skip("vLLM is not installed")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_cli
 
 from rlft import checkpoint as ckpt
 from rlft import run_state
 from rlft.config import Config, ConfigError
+from tests.support import ROOT, TINY, run_cli
 
 # ---------------------------------------------------------------------------------------
 # Item 6: which config changes a resume accepts

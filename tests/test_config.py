@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlft.config import Config, ConfigError, compose, conf_dir, group_options
-from tests.conftest import ROOT, TINY, run_cli
+from tests.support import ROOT, TINY, run_cli
 
 
 def test_defaults_compose_into_typed_config(compose_cfg):

@@ -12,9 +12,9 @@ import sys
 import warnings
 
 import pytest
-from conftest import ROOT, TINY
 
 from rlft.config.validation import vllm_available
+from tests.support import ROOT, TINY
 
 # Every line rlft prints on stdout in a run (rich's progress bar included).
 RLFT_LINE = re.compile(r"(converting the SmolLM2 GGUF file to .* \(first run only\)|run dir .* \| algo |"

@@ -9,8 +9,6 @@ from dataclasses import fields
 
 import pytest
 import torch
-from conftest import ROOT, TINY
-from helpers import write_eos_model
 from safetensors.torch import load_file, save_file
 
 from rlft.config import compose
@@ -19,6 +17,7 @@ from rlft.prepare import prepare_batch
 from rlft.rollout import collect_rollout
 from rlft.run_state import trainable_tensors
 from rlft.trainer import build_components
+from tests.support import ROOT, TINY, write_eos_model
 
 # fp32 so that the only difference between 1 and 2 ranks is the order of float sums.
 BASE = [*TINY, "model.dtype=fp32", "trainer.threads=1", "optim.lr=1e-2", "trainer.num_prompts=4",

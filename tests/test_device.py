@@ -14,7 +14,6 @@ import math
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_cli
 from safetensors.torch import load_file, save_file
 
 from rlft import checkpoint as ckpt
@@ -25,6 +24,7 @@ from rlft.prepare import adapt_coefficients, prepare_batch
 from rlft.rollout import collect_rollout, sampling_params
 from rlft.run_state import CUDA_RNG, RNG
 from rlft.trainer import build_components
+from tests.support import ROOT, TINY, run_cli
 
 VARIED = ["reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]", "trainer.device=cpu"]
 

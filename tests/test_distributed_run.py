@@ -5,38 +5,25 @@ rendezvous, and a rank killed mid-run that the others survive with a checkpoint 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 from safetensors.torch import load_file
+
+from tests.support import DIST_ARGS, DIST_STEPS, ROOT, dist_env
 
 pytestmark = pytest.mark.slow  # each run starts 1-2 processes that load torch and the model (~10-20 s)
 
-STEPS = 3
-# DAPO with one sampling round per step: about half the groups (odd answers) score all 0 and are
-# dropped, so the cap is hit and the kept groups split unevenly over two ranks (or all on one).
-ARGS = ["sampler=hf", "model=tiny", "model.dtype=fp32", "trainer.threads=1", f"trainer.steps={STEPS}",
-        "trainer.num_prompts=4", "sampler.n=4", "sampler.max_new_tokens=8", "algo=dapo", "algo.overlong_filter=false",
-        "algo.max_sampling_rounds=1", "reward.fns=[tests.helpers:char_count_on_even]", "data.num_eval=4",
-        "trainer.eval_every=0", "logger.rollouts=true", "optim.lr=1e-2", "logger.console=false"]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
-    return dict(env, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **extra)
-
 
 def _rlft(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlft", "train", *args], cwd=ROOT, env=env or _env(),
+    return subprocess.run([sys.executable, "-m", "rlft", "train", *args], cwd=ROOT, env=env or dist_env(),
                           capture_output=True, text=True, timeout=600)
 
 
-def _final(run: Path, step: int = STEPS) -> dict:
+def _final(run: Path, step: int = DIST_STEPS) -> dict:
     return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "trainable.safetensors"))
 
 
@@ -57,11 +44,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     replicated (DDP) and sharded (FSDP2)."""
     root = tmp_path_factory.mktemp("dp")
     out = {"one": root / "one", "two": root / "two", "fsdp2": root / "fsdp2"}
-    r = _rlft(*ARGS, f"hydra.run.dir={out['one']}")
+    r = _rlft(*DIST_ARGS, f"hydra.run.dir={out['one']}")
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _rlft(*ARGS, "trainer.nproc=2", f"hydra.run.dir={out['two']}")
+    r = _rlft(*DIST_ARGS, "trainer.nproc=2", f"hydra.run.dir={out['two']}")
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _rlft(*ARGS, "trainer.nproc=2", "trainer.strategy=fsdp2", f"hydra.run.dir={out['fsdp2']}")
+    r = _rlft(*DIST_ARGS, "trainer.nproc=2", "trainer.strategy=fsdp2", f"hydra.run.dir={out['fsdp2']}")
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -71,15 +58,15 @@ def test_world_size_does_not_change_rollouts_or_weights(runs):
     assert one == two  # token-identical rollouts (and scores) in every step
     metrics = [json.loads(x) for x in (runs["two"] / "metrics.jsonl").read_text().splitlines() if '"step": 0' not in x]
     kept = [m["dynamic/groups"] for m in metrics]
-    assert len(kept) == STEPS and min(kept) < 4, f"the dynamic-sampling cap must be hit at least once: {kept}"
+    assert len(kept) == DIST_STEPS and min(kept) < 4, f"the dynamic-sampling cap must be hit at least once: {kept}"
     assert any(k % 2 for k in kept), f"some step must split its groups unevenly over the two ranks: {kept}"
-    assert {r["step"] for r in two} == set(range(1, STEPS + 1))
+    assert {r["step"] for r in two} == set(range(1, DIST_STEPS + 1))
     a, b = _final(runs["one"]), _final(runs["two"])
     assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k)  # the adapter did move
     _assert_same_weights(a, b)
-    state = json.loads((runs["two"] / "checkpoints" / f"step_{STEPS:06d}" / "trainer_state.json").read_text())
+    state = json.loads((runs["two"] / "checkpoints" / f"step_{DIST_STEPS:06d}" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and len(state["rank_rngs"]) == 1  # every rank's random state is saved
-    assert not (runs["two"] / "checkpoints" / f"step_{STEPS:06d}" / "rank1").exists()
+    assert not (runs["two"] / "checkpoints" / f"step_{DIST_STEPS:06d}" / "rank1").exists()
 
 
 def test_fsdp2_shards_give_the_same_rollouts_and_weights(runs):
@@ -89,7 +76,7 @@ def test_fsdp2_shards_give_the_same_rollouts_and_weights(runs):
     assert 1 in kept, kept
     assert _rollouts(runs["fsdp2"]) == _rollouts(runs["one"])
     _assert_same_weights(_final(runs["one"]), _final(runs["fsdp2"]))
-    adapter = load_file(str(runs["fsdp2"] / "checkpoints" / f"step_{STEPS:06d}" / "adapter" / "adapter_model.safetensors"))
+    adapter = load_file(str(runs["fsdp2"] / "checkpoints" / f"step_{DIST_STEPS:06d}" / "adapter" / "adapter_model.safetensors"))
     final = _final(runs["fsdp2"])
     lora_a = next(k for k in final if "lora_A" in k)
     saved = adapter[lora_a.removeprefix("policy/").replace(".default", "")]
@@ -104,7 +91,7 @@ def test_bf16_with_one_row_per_micro_batch_is_world_size_invariant(tmp_path, alg
     and its fp32 sum over rows and ranks is exact in any order. (With larger micro-batches the ranks'
     batch shapes and padding differ, bf16 rounds differently and the runs part: docs/scaling.md.)
     DAPO as in ``runs`` (the cap hit, groups split unevenly); GRPO with a reward that varies in every group."""
-    args = [a for a in ARGS if not a.startswith(("model.dtype", "trainer.steps"))]
+    args = [a for a in DIST_ARGS if not a.startswith(("model.dtype", "trainer.steps"))]
     args += ["model.dtype=bf16", "trainer.micro_batch_size=1", "trainer.steps=2", "trainer.save_every=1"]
     if algo == "grpo":
         args = [a for a in args if not a.startswith(("algo", "reward.fns"))]
@@ -132,8 +119,8 @@ def test_two_nodes_at_a_loopback_rendezvous_equal_one_node(runs, tmp_path):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
                "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                "--rdzv-id", "rlft-test", "--rdzv-conf", f"is_host={int(node == 0)}",
-               "-m", "rlft", "train", *ARGS, f"hydra.run.dir={run}"]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+               "-m", "rlft", "train", *DIST_ARGS, f"hydra.run.dir={run}"]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=dist_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     for code, err in results:
@@ -144,9 +131,9 @@ def test_two_nodes_at_a_loopback_rendezvous_equal_one_node(runs, tmp_path):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_a_rank_killed_mid_run_stops_all_and_resume_continues_exactly(runs, tmp_path, strategy):
-    run, args = tmp_path / "killed", [*ARGS, f"trainer.strategy={strategy}"]
+    run, args = tmp_path / "killed", [*DIST_ARGS, f"trainer.strategy={strategy}"]
     # rank 1 kills itself (SIGKILL) while scoring step 3 (8 reward calls per step on each rank)
-    r = _rlft(*args, "trainer.nproc=2", f"hydra.run.dir={run}", env=_env(RLFT_TEST_KILL_RANK="1",
+    r = _rlft(*args, "trainer.nproc=2", f"hydra.run.dir={run}", env=dist_env(RLFT_TEST_KILL_RANK="1",
                                                                         RLFT_TEST_KILL_AFTER="20"))
     assert r.returncode != 0
     assert "another rank stopped" in r.stderr, r.stderr[-3000:]
@@ -163,8 +150,8 @@ def test_a_rank_killed_mid_run_stops_all_and_resume_continues_exactly(runs, tmp_
 
 def test_a_sweep_gives_each_job_its_ranks(tmp_path):
     sweep = tmp_path / "sweep"
-    r = subprocess.run([sys.executable, "-m", "rlft", "train", "-m", *ARGS, "trainer.steps=1", "trainer.nproc=2",
-                        "seed=1,2", f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "rlft", "train", "-m", *DIST_ARGS, "trainer.steps=1", "trainer.nproc=2",
+                        "seed=1,2", f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=dist_env(), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     for job in ("0", "1"):

@@ -6,11 +6,10 @@ import json
 import os
 
 import pytest
-from conftest import ROOT, TINY, run_cli
-from test_resume import _comparable, _weights
 
 from rlft import checkpoint as ckpt
 from rlft.tracking import read_metrics
+from tests.support import ROOT, TINY, comparable_metrics, run_cli, saved_weights
 
 # 2 prompts x 4 samples: 8 reward calls per step; evaluation at step 2 scores 8 more.
 RUN = [
@@ -38,8 +37,8 @@ def test_evaluation_failing_after_an_update_saves_the_last_logged_step(tmp_path,
     r = run_cli(["train", *RUN, f"hydra.run.dir={run}", "trainer.resume=auto"], ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert _comparable(run) == _comparable(ref)  # the rolled-back step 2 ran again exactly as in one go
-    wa, wb = _weights(ref, 4), _weights(run, 4)
+    assert comparable_metrics(run) == comparable_metrics(ref)  # the rolled-back step 2 ran again exactly as in one go
+    wa, wb = saved_weights(ref, 4), saved_weights(run, 4)
     assert all(bool((wa[k] == wb[k]).all()) for k in wa)
 
 

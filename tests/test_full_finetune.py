@@ -6,7 +6,7 @@ import torch
 
 from rlft.config import compose
 from rlft.trainer import build_components, train_step
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 def test_full_finetune_updates_weights_and_keeps_reference():

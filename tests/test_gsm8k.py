@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
 from rlft.rewards import RewardError, resolve_reward, score_samples
 from rlft.rewards.gsm8k import final_answer, numbers_in, parse_gsm8k_answer
 from rlft.rewards.registry import Sample
-
-# The real GSM8K (MIT) lives beside the checkout; the package does not ship it.
-GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
-needs_gsm8k = pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason=f"GSM8K not found at {GSM8K}")
+from tests.support import GSM8K, needs_gsm8k
 
 
 def gsm8k_rows(split: str) -> list[dict]:

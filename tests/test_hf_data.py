@@ -13,8 +13,7 @@ from rlft.config import ConfigError, compose
 from rlft.config.schemas import DataConfig
 from rlft.data import DataError, build_task
 from rlft.data.problem import Problem
-from tests.conftest import ROOT, TINY, run_cli
-from tests.test_gsm8k import GSM8K, needs_gsm8k
+from tests.support import GSM8K, ROOT, TINY, needs_gsm8k, one_error_line, run_cli
 
 ROWS = [{"prompt": f"What is {i} + 1?", "answer": i + 1, "level": i % 3, "source": f"s{i}"} for i in range(8)]
 
@@ -164,8 +163,6 @@ def test_json_with_mixed_types_is_read_row_by_row(tmp_path):
 
 
 def test_bad_data_on_the_command_line_is_one_line_exit_2(tmp_path):
-    from tests.test_user_errors import one_error_line
-
     parquet = write(ROWS, tmp_path / "d", "parquet")
     proc = run_cli(["train", *TINY, "data=hf", f"data.path={parquet}", "data.prompt_field=question",
                     f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, run_cli
 
 from rlft.tracking import read_metrics
+from tests.support import ROOT, TINY, run_cli
 
 EVEN = ["reward.fns=[tests.helpers:answer_is_even]", "reward.weights=[1]"]  # accuracy = share of even answers
 

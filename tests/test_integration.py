@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from rlft.batch import RolloutBatch, pack
 from rlft.config import compose
 from rlft.learner import _policy_loss, token_logprobs
 from rlft.models import build_policy
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, run_cli
 
 from rlft.evaluation import pass_at_k
 from rlft.export import checkpoint_config, find_checkpoint
@@ -18,6 +17,7 @@ from rlft.models.loading import load_base
 from rlft.models.policy import wrap_lora
 from rlft.run_state import load_policy_weights
 from rlft.tracking import read_metrics
+from tests.support import TINY, run_cli
 
 TRAINED = [*TINY, "trainer.steps=3", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]",
            "optim.lr=2e-2"]

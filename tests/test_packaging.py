@@ -6,7 +6,7 @@ import subprocess
 import sys
 import zipfile
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def test_wheel_contains_conf(tmp_path):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT, TINY, run_cli
-
 from rlft import checkpoint as ckpt
 from rlft.models.precision import choose
+from tests.support import ROOT, TINY, run_cli
 
 
 def test_explicit_dtype_wins():

@@ -11,7 +11,7 @@ from rlft.config import compose
 from rlft.prepare import prepare_batch
 from rlft.rollout import collect_rollout
 from rlft.trainer import build_components, train_step
-from tests.conftest import TINY
+from tests.support import TINY
 
 VARIED = ["reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]
 

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
-from test_distributed_run import ARGS, _env
+
+from tests.support import DIST_ARGS, ROOT, dist_env
 
 pytestmark = pytest.mark.slow  # 2 ranks that load torch and the model
 
@@ -20,10 +20,10 @@ def test_a_hung_rank_ends_the_run_within_the_collective_timeout(tmp_path):
     # rank 1 hangs while scoring step 3 (8 reward calls per step on each rank); rank 0 goes on to the
     # next collective and would wait there for gloo's default 30 minutes
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlft", "train", *ARGS, "trainer.nproc=2", "trainer.dist_timeout_s=5",
+        [sys.executable, "-m", "rlft", "train", *DIST_ARGS, "trainer.nproc=2", "trainer.dist_timeout_s=5",
          "trainer.stop_grace_s=2", f"hydra.run.dir={run}"], cwd=ROOT, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
-        env=_env(RLFT_TEST_KILL_RANK="1", RLFT_TEST_KILL_AFTER="20", RLFT_TEST_HANG_MARK=str(mark)),
+        env=dist_env(RLFT_TEST_KILL_RANK="1", RLFT_TEST_KILL_AFTER="20", RLFT_TEST_HANG_MARK=str(mark)),
     )
     try:
         deadline = time.time() + 300

@@ -11,13 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_cli
-from helpers import write_eos_model
-from safetensors.torch import load_file
 
 from rlft import checkpoint as ckpt
 from rlft.outputs import FAULT_ROLLOUT_DELAY_ENV
 from rlft.tracking import read_metrics
+from tests.support import ROOT, TINY, comparable_metrics, run_cli, saved_weights, write_eos_model
 
 STEPS = 6
 RUN = [
@@ -27,27 +25,17 @@ RUN = [
 ]
 
 
-def _comparable(run_dir: Path) -> list[dict]:
-    """Per-step metrics without wall-clock ones."""
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
-            for r in read_metrics(run_dir / "metrics.jsonl")]
-
-
-def _weights(run_dir: Path, step: int = STEPS) -> dict:
-    return load_file(str(run_dir / "checkpoints" / ckpt.step_dir_name(step) / "trainable.safetensors"))
-
-
 def _rollout_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
 
 
 def _assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
-    ma, mb = _comparable(a), _comparable(b)
+    ma, mb = comparable_metrics(a), comparable_metrics(b)
     assert [r["step"] for r in mb] == list(range(steps + 1)), "metrics.jsonl has missing or repeated steps"
     assert ma == mb
     ra, rb = _rollout_rows(a), _rollout_rows(b)
     assert sorted({r["step"] for r in rb}) == list(range(1, steps + 1)) and ra == rb, "rollouts.jsonl differs"
-    wa, wb = _weights(a, steps), _weights(b, steps)
+    wa, wb = saved_weights(a, steps), saved_weights(b, steps)
     assert wa.keys() == wb.keys()
     assert all(bool((wa[k] == wb[k]).all()) for k in wa), "final weights differ"
     assert any(r.get("loss", 0) != 0 for r in ma), "a run with zero loss proves nothing"
@@ -141,14 +129,14 @@ def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     _assert_same_run(a, b, steps=4)
     if algo == "dapo":
-        steps = _comparable(a)[1:]
+        steps = comparable_metrics(a)[1:]
         assert len({m["dynamic/rounds"] for m in steps}) > 1, "the rounds did not vary"
         assert steps[1]["update/skipped"] == 1.0, "step 2, the cut, should take no optimizer step (issue 17)"
         updated = [m for m in steps if m["update/skipped"] == 0.0]
         assert updated and all(m["response/loss_tokens"] > 0 for m in updated)
         assert any(m["response/truncated_frac"] > 0 for m in updated), "the overlong filter masked nothing"
     if algo == "ppo":
-        assert any(k.startswith("critic_head/") for k in _weights(b, 4))
+        assert any(k.startswith("critic_head/") for k in saved_weights(b, 4))
 
 
 def test_resume_guards_and_pruning(reference, tmp_path):
@@ -176,7 +164,7 @@ def test_resume_guards_and_pruning(reference, tmp_path):
     r = run_cli(["train", *RUN, f"hydra.run.dir={other}", f"trainer.resume={src}"], ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [x["step"] for x in read_metrics(other / "metrics.jsonl")] == list(range(STEPS + 1))
-    assert _comparable(other) == _comparable(reference)
+    assert comparable_metrics(other) == comparable_metrics(reference)
 
     r = run_cli(["train", *RUN, f"hydra.run.dir={other}", f"trainer.resume={tmp_path / 'nope'}"], ROOT)
     assert r.returncode == 2 and "no such checkpoint" in r.stderr

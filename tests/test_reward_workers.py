@@ -13,11 +13,11 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import ROOT, TINY
 
 from rlft.rewards import RewardError, score_samples
 from rlft.rewards.calls import CallPolicy
 from rlft.rewards.registry import Sample
+from tests.support import ROOT, TINY
 
 SAMPLES = [Sample(f"p{i}", "c", str(i), 1, False) for i in range(4)]
 RUN = [*TINY, "data.num_eval=0", "trainer.eval_at_start=false"]

@@ -8,7 +8,7 @@ from rlft.config import compose
 from rlft.models import build_policy
 from rlft.samplers import Sampler, SamplingParams, build_sampler, sync_sampler
 from rlft.samplers.hf import sample_next
-from tests.conftest import TINY
+from tests.support import TINY
 
 
 def _sampler(dtype="fp32"):

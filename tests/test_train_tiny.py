@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from rlft.config import compose
 from rlft.trainer import train
-from tests.conftest import ROOT, TINY, run_cli
+from tests.support import ROOT, TINY, run_cli
 
 
 def _lora_weights(model) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from rlft.algorithms.advantages import group_normalized_scores, informative_grou
 from rlft.config import compose
 from rlft.rewards import score_samples
 from rlft.rewards.registry import Sample
-from tests.conftest import ROOT, TINY, run_cli
+from tests.support import ROOT, TINY, run_cli
 
 NAN = float("nan")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_cli
 
 from rlft.algorithms.losses import kl_penalty_surrogate
 from rlft.config import compose
@@ -13,6 +12,7 @@ from rlft.models import build_policy
 from rlft.prepare import prepare_batch
 from rlft.rollout import collect_rollout
 from rlft.trainer import build_components, train_step
+from tests.support import ROOT, TINY, run_cli
 
 VARIED = ["reward.fns=[tests.helpers:char_count]", "reward.weights=[1]"]
 

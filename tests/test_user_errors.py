@@ -12,17 +12,9 @@ import torch
 from rlft.models import ModelError, load_base
 from rlft.rewards import RewardError, resolve_reward
 from rlft.rewards.registry import RewardNameError
-from tests.conftest import TINY, run_cli
+from tests.support import TINY, one_error_line, run_cli
 
 NOT_TINY = [a for a in TINY if a != "model=tiny"]
-
-
-def one_error_line(proc, code: int) -> str:
-    assert proc.returncode == code, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rlft: error: "), proc.stderr[-2000:]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlft.config.validation import vllm_available
-from tests.conftest import ROOT, TINY, run_cli
+from tests.support import ROOT, TINY, run_cli
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
 
@@ -235,7 +235,7 @@ def _resume_matches(tmp_path, args: list[str], steps: int, cut: int) -> list[dic
 def test_vllm_resume_is_exact_on_cpu_with_varying_sampling_rounds(tmp_path):
     """On CPU vLLM runs in our process and its unseeded sampling draws from torch's global RNG,
     which the checkpoint restores: a resumed run samples the same tokens as an uninterrupted one."""
-    from tests.helpers import write_eos_model
+    from tests.support import write_eos_model
 
     write_eos_model(tmp_path / "model")
     args = [o for o in VLLM_TINY if not o.startswith(("model=", "trainer.eval_every"))] + [

@@ -75,7 +75,7 @@ def test_vllm_runs_an_engine_through_the_pinned_executor():
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support import ROOT
 
     r = subprocess.run([sys.executable, "-c", ENGINE], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -15,7 +15,7 @@ from rlft.config import compose
 from rlft.learner import token_logprobs
 from rlft.rollout import collect_rollout
 from rlft.trainer import build_components
-from tests.conftest import ROOT, TINY, run_cli
+from tests.support import ROOT, TINY, run_cli
 
 DEVICE = os.environ.get("RLFT_GPU_TESTS_DEVICE", "cuda")  # see tests/conftest.py: cpu dry-runs these tests
 

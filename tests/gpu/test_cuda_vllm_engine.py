@@ -10,7 +10,7 @@ import torch
 
 from rlft.config import compose
 from rlft.trainer import build_components
-from tests.conftest import TINY
+from tests.support import TINY
 
 DEVICE = os.environ.get("RLFT_GPU_TESTS_DEVICE", "cuda")
 
