@@ -151,4 +151,5 @@ def test_readme_names_every_builtin_reward_and_only_paths_users_have():
 
     readme = (ROOT / "README.md").read_text()
     assert [n for n in REWARDS.names() if f"`{n}`" not in readme] == []
-    assert "../shared" not in readme  # the developers' data folder
+    for doc in ("README.md", "docs/usage.md", "CHANGELOG.md"):  # what users read
+        assert "../shared" not in (ROOT / doc).read_text(), doc  # the developers' data folder

@@ -137,7 +137,7 @@ def test_submitit_local_launcher(tmp_path):
     root = tmp_path / "sw"
     r = run_cli(["train", "-m", *TINY, "seed=0,1", "hydra/launcher=submitit_local", f"hydra.sweep.dir={root}"], ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    for job in ("0", "1"):  # README: each job in SWEEP_DIR/N, submitit's own logs in SWEEP_DIR/.submitit
+    for job in ("0", "1"):  # docs/usage.md: each job in SWEEP_DIR/N, submitit's own logs in SWEEP_DIR/.submitit
         assert (root / job / "checkpoints" / "step_000002").is_dir()
         assert [m["step"] for m in read_metrics(root / job / "metrics.jsonl")] == [0, 1, 2]
     assert any((root / ".submitit").rglob("*_log.out"))
