@@ -57,7 +57,7 @@ class RolloutBatch:
         host: The lengths and prompts in host memory (built from the tensors when not given).
 
     The tensors live on one device (the learner's, see :meth:`to`); row indices passed to
-    :meth:`select` are host tensors, as the shuffler and :func:`rlft.learner.by_length` make them.
+    :meth:`select` are host tensors, as the shuffler and :func:`rlft.logprobs.by_length` make them.
     """
 
     input_ids: Tensor

@@ -9,7 +9,7 @@ coefficient, the logged means) is reduced over all ranks, so every rank takes th
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -19,10 +19,14 @@ from rlft.algorithms.kl_control import adaptive_kl_coef, penalty_beta_update
 from rlft.algorithms.masked import masked_moments, masked_sum
 from rlft.batch import RolloutBatch
 from rlft.distributed import SINGLE, DataParallel
-from rlft.learner import batch_logprobs, batch_values
+from rlft.logprobs import batch_logprobs, batch_values
+
+if TYPE_CHECKING:
+    from rlft.components import Components
+    from rlft.config.schemas import Config
 
 
-def prepare_batch(c: Any, batch: RolloutBatch, cfg: Any) -> dict[str, float]:
+def prepare_batch(c: Components, batch: RolloutBatch, cfg: Config) -> dict[str, float]:
     """Mask, old/reference log-probs and values (only what the algorithm needs), and advantages.
 
     ``c`` is the trainer's Components (policy, critic, adapted coefficients, ``dp``).
@@ -35,8 +39,7 @@ def prepare_batch(c: Any, batch: RolloutBatch, cfg: Any) -> dict[str, float]:
     unscored = ~batch.scores.isfinite()  # no reward function scored it (None): no loss, no group statistics
     if bool(unscored.any()):
         batch.response_mask = batch.response_mask * (~unscored).float()[:, None]
-    # With a single update per rollout the ratio is exp(logp - logp.detach()): no old pass needed.
-    if a.ppo_epochs > 1 or a.num_mini_batches > 1 or a.uses_critic:
+    if a.needs_old_logprobs:
         batch.old_logp = batch_logprobs(policy, policy.model, batch, temp, micro, dp)
     if a.needs_reference:
         with policy.reference() as ref:
@@ -75,10 +78,10 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, dp: DataPa
     return float(1.0 - masked_moments(returns - values, mask, dp.sum_)[1] / var_r)
 
 
-def adapt_coefficients(c: Any, batch: RolloutBatch, cfg: Any, metrics: dict[str, float]) -> None:
+def adapt_coefficients(c: Components, batch: RolloutBatch, cfg: Config, metrics: dict[str, float]) -> None:
     """After an update: PPO-Penalty's beta from the new KL(old || new), and the adaptive in-reward KL coef."""
     a, dp = cfg.algo, c.dp
-    if a.policy_loss == "kl_penalty":
+    if a.uses_ppo_penalty:
         new_logp = batch_logprobs(c.policy, c.policy.model, batch, cfg.sampler.temperature,
                                   cfg.trainer.micro_batch_size, dp)
         per_token = KL_ESTIMATORS.get("k3")(batch.old_logp, new_logp)
@@ -87,7 +90,7 @@ def adapt_coefficients(c: Any, batch: RolloutBatch, cfg: Any, metrics: dict[str,
         kl = total / max(tokens, 1.0)
         metrics["penalty_kl_after"] = kl
         c.state.penalty_beta = penalty_beta_update(c.state.penalty_beta, kl, a.penalty_target_kl)
-    if a.uses_critic and a.kl_ctrl == "adaptive" and "kl/seq_ref" in metrics:
+    if a.adapts_kl_coef and "kl/seq_ref" in metrics:
         rows = dp.sum_floats([float(batch.size)])[0]
         c.state.kl_coef = adaptive_kl_coef(c.state.kl_coef, metrics["kl/seq_ref"], a.kl_target, int(rows),
                                            a.kl_horizon)

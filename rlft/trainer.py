@@ -140,8 +140,7 @@ def train_step(step: int, c: Components, cfg: Config, out: Outputs | None = None
     metrics.update(prepare_batch(c, rollout.batch, cfg))
     c.policy.model.train()
     t0 = time.perf_counter()
-    metrics.update(update_policy(c.policy, c.optimizer, c.scheduler, rollout.batch, cfg, c.shuffle, c.critic,
-                                 c.state.penalty_beta, c.dp))
+    metrics.update(update_policy(c, rollout.batch, cfg))
     moved = metrics["update/skipped"] == 0.0  # no loss token anywhere: the weights were left alone
     if moved:
         adapt_coefficients(c, rollout.batch, cfg, metrics)

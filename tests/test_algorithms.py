@@ -13,6 +13,7 @@ from rlft.algorithms.masked import masked_mean, masked_whiten
 from rlft.config import ConfigError
 
 ALGO = SimpleNamespace(clip_eps_low=0.2, clip_eps_high=0.2, norm_adv_by_std=True, adv_eps=1e-6)
+STATE = SimpleNamespace(penalty_beta=1.0)  # the coefficients adapted in training (the clip loss reads none)
 
 
 def test_grpo_advantages_by_hand():
@@ -69,7 +70,7 @@ def test_clipped_surrogate_by_hand():
     old = torch.zeros_like(ratio)
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0, 2.0]])
     mask = torch.ones_like(ratio)
-    loss, m = POLICY_LOSSES.get("clip")(torch.log(ratio), old, adv, mask, ALGO)
+    loss, m = POLICY_LOSSES.get("clip")(torch.log(ratio), old, adv, mask, ALGO, STATE)
     # min(rA, clip(r)A): 1.2 (clipped high), -0.8 (clipped low), 0.5, -1.5, 2.2
     assert torch.allclose(loss, -torch.tensor([[1.2, -0.8, 0.5, -1.5, 2.2]]), atol=1e-6)
     assert m["clip_frac/high"].item() == pytest.approx(0.2)
@@ -78,7 +79,7 @@ def test_clipped_surrogate_by_hand():
 
 def test_clip_gradient_is_zero_when_clipped():
     logp = torch.log(torch.tensor([[1.5, 1.1]])).requires_grad_()
-    loss, _ = POLICY_LOSSES.get("clip")(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), ALGO)
+    loss, _ = POLICY_LOSSES.get("clip")(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), ALGO, STATE)
     loss.sum().backward()
     assert logp.grad[0, 0].item() == 0.0  # r = 1.5 > 1.2 with A > 0: no gradient
     assert logp.grad[0, 1].item() == pytest.approx(-1.1)  # d(-r A)/dlogp = -r A
@@ -118,7 +119,7 @@ def test_grpo_objective_matches_slow_loop():
     scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     adv, _ = ADV_ESTIMATORS.get("grpo")(AdvantageInputs(scores, mask, groups), ALGO)
-    pg, _ = POLICY_LOSSES.get("clip")(logp, old, adv, mask, ALGO)
+    pg, _ = POLICY_LOSSES.get("clip")(logp, old, adv, mask, ALGO, STATE)
     per_token = pg + beta * KL_ESTIMATORS.get("k3")(logp, ref)
     fast = LOSS_AGGREGATIONS.get("seq-mean-token-mean")(per_token, mask, LossNorm(b, float(mask.sum()), t))
     total = 0.0

@@ -80,9 +80,10 @@ def test_clipped_value_loss_by_hand():
 
 
 def test_kl_penalty_loss_by_hand():
-    cfg = SimpleNamespace(penalty_beta=2.0)
+    # The coefficient is the adapted one (state), not the config's starting value.
+    cfg, state = SimpleNamespace(penalty_beta=0.5), SimpleNamespace(penalty_beta=2.0)
     logp = torch.log(torch.tensor([[1.5]]))
-    loss, m = POLICY_LOSSES.get("kl_penalty")(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), cfg)
+    loss, m = POLICY_LOSSES.get("kl_penalty")(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), cfg, state)
     kl = 1.5 - 1 - math.log(1.5)
     assert loss.item() == pytest.approx(-1.5 + 2.0 * kl, abs=1e-6)
     assert m["penalty_kl"].item() == pytest.approx(kl, abs=1e-6)
@@ -93,7 +94,7 @@ def test_gspo_sequence_ratio_by_hand():
     logp = torch.tensor([[0.1, 0.3, 7.0], [-0.1, 0.1, 0.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     adv = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
-    loss, m = POLICY_LOSSES.get("gspo")(logp, torch.zeros(2, 3), adv, mask, cfg)
+    loss, m = POLICY_LOSSES.get("gspo")(logp, torch.zeros(2, 3), adv, mask, cfg, SimpleNamespace(penalty_beta=1.0))
     # row 0: s = exp(0.2) = 1.2214 > 1.1 with A > 0: clipped, -1.1; row 1: s = exp(0) = 1: -(1 * -2) = 2
     assert loss[0, 0].item() == pytest.approx(-1.1, abs=1e-6) and loss[0, 1].item() == pytest.approx(-1.1, abs=1e-6)
     assert loss[1, 0].item() == pytest.approx(2.0, abs=1e-6)

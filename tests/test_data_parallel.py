@@ -55,7 +55,7 @@ def test_two_rank_update_equals_one_rank_update(algo, strategy, tmp_path):
     saved = {f.name: getattr(batch, f.name) for f in fields(batch) if isinstance(getattr(batch, f.name), torch.Tensor)}
     save_file({k: v.clone().contiguous() for k, v in saved.items()}, str(tmp_path / "batch.safetensors"))
     c.policy.model.train()
-    one = update_policy(c.policy, c.optimizer, c.scheduler, batch, cfg, c.shuffle, c.critic, c.state.penalty_beta)
+    one = update_policy(c, batch, cfg)
     want = {k: v.detach().float() for k, v in trainable_tensors(c).items()}
 
     _torchrun(2, "tests/workers/update_worker.py", str(tmp_path / "batch.safetensors"), str(tmp_path / "two.safetensors"),

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from rlft import checkpoint as ckpt
 from rlft.config import compose
 from rlft.data.chat import prompt_ids
-from rlft.learner import token_logprobs, update_policy
+from rlft.learner import update_policy
+from rlft.logprobs import token_logprobs
 from rlft.prepare import adapt_coefficients, prepare_batch
 from rlft.rollout import collect_rollout, sampling_params
 from rlft.run_state import CUDA_RNG, RNG
@@ -61,8 +62,7 @@ def test_learner_builds_every_tensor_on_the_configured_device(overrides):
     before = [p.detach().clone() for p in c.policy.trainable_parameters()]
     with _DefaultDeviceIsMeta():
         metrics = prepare_batch(c, rollout.batch, cfg)
-        metrics.update(update_policy(c.policy, c.optimizer, c.scheduler, rollout.batch, cfg, c.shuffle, c.critic,
-                                     c.state.penalty_beta))
+        metrics.update(update_policy(c, rollout.batch, cfg))
         adapt_coefficients(c, rollout.batch, cfg, metrics)
     assert metrics["update/skipped"] == 0.0
     for k in ("loss", "grad_norm", "approx_kl", "entropy", "adv/std"):

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from rlft.algorithms import LossNorm
 from rlft.batch import RolloutBatch, pack
 from rlft.config import compose
-from rlft.learner import _policy_loss, token_logprobs
+from rlft.learner import _policy_loss
+from rlft.logprobs import token_logprobs
 from rlft.models import build_policy
 from tests.support import TINY
+
+STATE = SimpleNamespace(penalty_beta=1.0)  # the coefficients adapted in training (the clip loss reads none)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +76,7 @@ def _grads(policy, batch, cfg, micro):
     policy.model.zero_grad(set_to_none=True)
     norm = LossNorm(float(batch.size), float(batch.response_mask.sum()), float(cfg.sampler.max_new_tokens))
     for rows in torch.arange(batch.size).split(micro):
-        loss, _ = _policy_loss(policy, batch.select(rows), cfg.algo, 1.0, norm)
+        loss, _ = _policy_loss(policy, batch.select(rows), cfg.algo, STATE, 1.0, norm)
         loss.backward()
     return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
 
@@ -111,7 +116,7 @@ def test_reference_is_base_model_without_adapter(tiny):
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 4), (0.7, 3), (1.3, 100)])
 def test_chunked_logprob_gradients_match_autograd(temperature, chunk):
     """The hand-written backward (recomputed chunks) against autograd through a full log_softmax, in fp64."""
-    from rlft.learner import _TokenLogProbs
+    from rlft.logprobs import _TokenLogProbs
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(10, 6, generator=g, dtype=torch.float64, requires_grad=True)
@@ -176,7 +181,7 @@ def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
     batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask  # old - sampler = shift on each token
     algo = dataclasses.replace(cfg.algo, tis_cap=2.0, beta=0.0, loss_agg="token-mean")
     norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
-    loss, m = _policy_loss(policy, batch, algo, 1.0, norm)
+    loss, m = _policy_loss(policy, batch, algo, STATE, 1.0, norm)
     weight = torch.exp(shift).clamp(max=2.0)[None, :].expand_as(mask)
     want_mean = float((weight * mask).sum() / mask.sum())
     assert float(m["rollout/tis_weight_mean"]) == pytest.approx(want_mean, abs=1e-5)
@@ -184,5 +189,5 @@ def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
     # At the rollout policy the ratio is 1, so the clipped loss of a token is -A, times its weight.
     want_loss = float((-batch.advantages * weight * mask).sum() / mask.sum())
     assert float(loss) == pytest.approx(want_loss, abs=1e-4)
-    plain, _ = _policy_loss(policy, batch, dataclasses.replace(algo, tis_cap=0.0), 1.0, norm)
+    plain, _ = _policy_loss(policy, batch, dataclasses.replace(algo, tis_cap=0.0), STATE, 1.0, norm)
     assert float(plain) != pytest.approx(want_loss, abs=1e-3)

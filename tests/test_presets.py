@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,6 +77,19 @@ def test_no_reference_pass_when_beta_is_zero():
     r = collect_rollout(c, cfg)
     prepare_batch(c, r.batch, cfg)
     assert r.batch.ref_logp is not None
+
+
+@pytest.mark.parametrize("overrides,switches", [
+    (["algo=grpo"], (True, False, False, True)),  # two mini-batches: an old pass; beta=0.04: a KL term
+    (["algo=grpo", "algo.num_mini_batches=1", "algo.beta=0"], (False, False, False, False)),
+    (["algo=dapo"], (True, False, False, False)),
+    (["algo=ppo"], (True, False, True, True)),
+    (["algo=ppo", "algo.kl_ctrl=fixed", "algo.policy_loss=kl_penalty"], (True, True, False, True)),
+    (["algo=grpo", "algo.beta=0", "algo.policy_loss=kl_penalty"], (True, True, False, True)),
+])
+def test_algorithm_switches_of_presets_and_overrides(overrides, switches):
+    a = compose(overrides)[0].algo
+    assert (a.needs_old_logprobs, a.uses_ppo_penalty, a.adapts_kl_coef, a.learns_from_zero_advantages) == switches
 
 
 def test_overlong_filter_masks_truncated_rows():
@@ -157,7 +171,8 @@ def test_each_presets_loss_matches_its_paper_on_a_fixed_batch(algo):
     steps = torch.tensor([0.25, -0.28, 0.22, 0.1, -0.2])
     logp = old + torch.stack([steps, -steps, steps.flip(0), steps * 0.5]) * mask
     adv = torch.tensor([1.0, -0.5, 2.0, -1.5])[:, None] * mask
-    per_token, _ = POLICY_LOSSES.get(a.policy_loss)(logp, old, adv, mask, a)
+    state = SimpleNamespace(penalty_beta=a.penalty_beta)  # as the trainer starts (no preset adapts a coefficient here)
+    per_token, _ = POLICY_LOSSES.get(a.policy_loss)(logp, old, adv, mask, a, state)
     norm = LossNorm(4.0, float(mask.sum()), 5.0)
     got = float(LOSS_AGGREGATIONS.get(a.loss_agg)(per_token, mask, norm))
     assert got == pytest.approx(_paper_loss(algo, logp, old, adv, mask, 5.0), abs=1e-6)

@@ -112,10 +112,11 @@ def test_kill9_anywhere_then_resume_matches_uninterrupted_run(reference, tmp_pat
 
 @pytest.mark.parametrize("algo", ["dapo", "ppo"])
 def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
-    """DAPO draws a variable number of batches per step; PPO has a critic and adaptive coefficients."""
+    """DAPO draws a variable number of batches per step; PPO has a critic and both adapted coefficients
+    (the in-reward KL coefficient, and PPO-Penalty's beta)."""
     extra = [f"algo={algo}", "trainer.steps=4", "trainer.eval_every=2"]
     if algo == "ppo":
-        extra += ["algo.kl_reward_coef=0.05", "algo.kl_ctrl=adaptive"]
+        extra += ["algo.kl_reward_coef=0.05", "algo.kl_ctrl=adaptive", "algo.policy_loss=kl_penalty"]
     else:  # a model that stops about half the time, so the overlong filter keeps some rows, and a reward
         # that leaves half the groups without signal, so the sampling rounds per step vary
         write_eos_model(tmp_path / "model")
@@ -137,6 +138,9 @@ def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
         assert any(m["response/truncated_frac"] > 0 for m in updated), "the overlong filter masked nothing"
     if algo == "ppo":
         assert any(k.startswith("critic_head/") for k in saved_weights(b, 4))
+        steps = comparable_metrics(b)[1:]
+        for key in ("penalty_beta", "kl_coef"):  # each moved after the cut, so the resumed value mattered
+            assert len({m[key] for m in steps[1:]}) > 1, key
 
 
 def test_resume_guards_and_pruning(reference, tmp_path):

@@ -42,8 +42,8 @@ def test_penalty_gradient_matches_hand_computation_once_the_policy_moved():
     grads = {}
     for beta in (0.0, 2.0):
         logp = (old + delta).requires_grad_(True)
-        cfg = type("A", (), {"penalty_beta": beta})()
-        loss, _ = kl_penalty_surrogate(logp, old, adv, mask, cfg)
+        state = type("S", (), {"penalty_beta": beta})()
+        loss, _ = kl_penalty_surrogate(logp, old, adv, mask, None, state)
         loss.sum().backward()
         grads[beta] = logp.grad
     r = torch.exp(delta)
@@ -95,7 +95,7 @@ def test_a_fully_masked_mini_batch_is_skipped_and_the_rest_still_updates():
     batch.truncated[first] = True  # the overlong filter empties the first mini-batch only
     prepare_batch(c, batch, cfg)
     before = _trainable(c)
-    m = update_policy(c.policy, c.optimizer, c.scheduler, batch, cfg, c.shuffle)
+    m = update_policy(c, batch, cfg)
     assert m["update/optimizer_steps"] == 1.0 and m["update/skipped"] == 0.0
     assert c.scheduler.last_epoch == 1
     assert any(not torch.equal(a, b) for a, b in zip(c.policy.trainable_parameters(), before))

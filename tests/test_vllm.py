@@ -37,7 +37,7 @@ def engine(request):
 
 def _learner_logprobs(cfg, policy, prompts, gens):
     from rlft.batch import RolloutBatch, pack
-    from rlft.learner import token_logprobs
+    from rlft.logprobs import token_logprobs
 
     ids, start, length, mask = pack([prompts[i] for i in gens.prompt_index], gens.completion_ids, 2)
     n = len(gens.completion_ids)

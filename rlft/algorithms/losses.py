@@ -1,11 +1,13 @@
-"""Policy losses: fn(logp, old_logp, advantages, mask, cfg) -> (loss (B, T), metrics).
+"""Policy losses: fn(logp, old_logp, advantages, mask, cfg, state) -> (loss (B, T), metrics).
 
-The returned loss is per token, to be minimised; aggregation to a scalar is separate.
+``cfg`` is the AlgoConfig; ``state`` holds the coefficients adapted during training (the trainer's
+AlgoState: ``penalty_beta``). The returned loss is per token, to be minimised; aggregation to a
+scalar is separate.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -21,7 +23,7 @@ POLICY_LOSSES = Registry("policy loss")
 
 @POLICY_LOSSES.register("clip")
 def clipped_surrogate(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig, state: Any
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-Clip: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp).
 
@@ -31,6 +33,7 @@ def clipped_surrogate(
         advantages: (B, T).
         mask: Response mask, (B, T).
         cfg: AlgoConfig; reads ``clip_eps_low`` and ``clip_eps_high``.
+        state: The adapted coefficients (unused).
 
     Returns:
         Per-token loss (B, T) and detached metrics: ``clip_frac/low`` (share of masked tokens
@@ -55,13 +58,14 @@ def clipped_surrogate(
 
 @POLICY_LOSSES.register("kl_penalty")
 def kl_penalty_surrogate(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig, state: Any
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-Penalty: -(r A) + penalty_beta * KL(pi_old || pi_theta), KL per token as (r - 1) - log r.
 
     Args:
         logp, old_logp, advantages, mask: (B, T) as for ``clip``.
-        cfg: Reads ``penalty_beta`` (the current, adapted coefficient).
+        cfg: Unused (its ``penalty_beta`` is only the starting value).
+        state: Reads ``penalty_beta``, the current coefficient (adapted after each update).
 
     Returns:
         Per-token loss (B, T) and detached metrics (``ratio/mean``, ``penalty_kl``).
@@ -69,7 +73,7 @@ def kl_penalty_surrogate(
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     kl = ratio - 1 - log_ratio
-    loss = -ratio * advantages + cfg.penalty_beta * kl
+    loss = -ratio * advantages + state.penalty_beta * kl
     with torch.no_grad():
         metrics = {"ratio/mean": masked_mean(ratio, mask), "penalty_kl": masked_mean(kl, mask)}
     return loss, metrics
@@ -77,7 +81,7 @@ def kl_penalty_surrogate(
 
 @POLICY_LOSSES.register("gspo")
 def gspo_surrogate(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig, state: Any
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: a sequence-level ratio s_i = exp(mean_t (logp - old_logp)), clipped per sequence.
 
@@ -87,6 +91,7 @@ def gspo_surrogate(
     Args:
         logp, old_logp, advantages, mask: (B, T); advantages are constant along each row.
         cfg: Reads ``clip_eps_low`` and ``clip_eps_high``.
+        state: Unused.
 
     Returns:
         Per-token loss (B, T) and detached metrics (``clip_frac/low``, ``clip_frac/high``, ``ratio/mean``).

@@ -115,6 +115,29 @@ class AlgoConfig:
         only scales kl_reward_coef, so it stays 0 when it starts at 0)."""
         return self.beta > 0 or (self.uses_critic and self.kl_reward_coef > 0)
 
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """A pass for the rollout policy's log-probs before the update: several steps per rollout
+        move the policy away from it, and PPO's reward reads them (with one step and no critic the
+        ratio is exp(logp - logp.detach()))."""
+        return self.ppo_epochs > 1 or self.num_mini_batches > 1 or self.uses_critic
+
+    @property
+    def uses_ppo_penalty(self) -> bool:
+        """PPO-Penalty: KL(old || new) in the loss, its beta adapted after each update."""
+        return self.policy_loss == "kl_penalty"
+
+    @property
+    def adapts_kl_coef(self) -> bool:
+        """PPO's in-reward KL coefficient follows the adaptive (InstructGPT) controller."""
+        return self.uses_critic and self.kl_ctrl == "adaptive"
+
+    @property
+    def learns_from_zero_advantages(self) -> bool:
+        """A loss term that is not 0 where every advantage is: the KL to the reference, PPO-Penalty's
+        pull back to the old policy, or the value loss."""
+        return self.uses_critic or self.beta > 0 or self.uses_ppo_penalty
+
 
 @dataclass
 class LoraConfig:

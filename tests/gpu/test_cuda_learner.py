@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from rlft import checkpoint as ckpt
 from rlft.config import compose
-from rlft.learner import token_logprobs
+from rlft.logprobs import token_logprobs
 from rlft.rollout import collect_rollout
 from rlft.trainer import build_components
 from tests.support import ROOT, TINY, run_cli

@@ -32,8 +32,7 @@ def main() -> None:
     batch = RolloutBatch(**load_file(batch_file))
     batch = batch.select(rank_rows(batch.group_ids, dp.rank, dp.world))
     c.policy.model.train()
-    metrics = update_policy(c.policy, c.optimizer, c.scheduler, batch, cfg, c.shuffle, c.critic,
-                            c.state.penalty_beta, dp)
+    metrics = update_policy(c, batch, cfg)
     whole = full_named(trainable_tensors(c).items())  # under FSDP2 gathered from the shards: every rank takes part
     if dp.main:
         tensors = {k: v.detach().float().contiguous() for k, v in whole.items()}
