@@ -18,7 +18,9 @@ import torch
 from torch import Tensor
 
 from rlft import checkpoint as ckpt
-from rlft.config import ConfigError
+from rlft.config import Config, ConfigError
+from rlft.config.schemas import HARMFUL, NUMERICS, resume_classes
+from rlft.config.schemas import HARMLESS as HARMLESS  # re-exported: the three classes are read from here
 from rlft.sharding import copy_full_, full_named, like
 
 if TYPE_CHECKING:
@@ -30,63 +32,11 @@ RNG = "rng.safetensors"
 CUDA_RNG = "cuda"
 CONFIG = "config.yaml"
 
-HARMLESS, NUMERICS, HARMFUL = "harmless", "numerics only", "harmful"
-
-
-def _rows(kind: str, why: str, *keys: str) -> dict[str, tuple[str, str]]:
-    return dict.fromkeys(keys, (kind, why))
-
-
-# What changing a key between a checkpoint and its resumption does to the run, and why. Keys are
-# leaves of rlft.config.Config, or a section ending in "." whose every key shares the class by its
-# nature; tests/test_checkpoint_safety.py fails on a schema key with no row, so a new key needs one.
+# What changing a key between a checkpoint and its resumption does to the run, and why: each schema
+# field's ``resume`` (rlft.config.schemas), by its key; a section's row ends in "." and covers every key
+# under it. tests/test_checkpoint_safety.py fails on a schema key with no row, so a new key needs one.
 # HARMLESS and NUMERICS changes are allowed and reported; HARMFUL ones refuse the resume.
-KEY_CLASSES: dict[str, tuple[str, str]] = {
-    **_rows(HARMLESS, "logging only", "logger."),
-    **_rows(HARMLESS, "a display label", "algo.name", "model.name"),
-    **_rows(HARMLESS, "evaluation only, greedy and outside the update", "trainer.eval_every", "trainer.eval_at_start"),
-    **_rows(HARMLESS, "checkpointing only", "trainer.save_every", "trainer.keep_last", "trainer.resume"),
-    **_rows(HARMLESS, "where to stop; the steps run are unchanged", "trainer.max_minutes"),
-    **_rows(HARMLESS, "how long a stop or a lost rank is waited for; the steps run are unchanged",
-            "trainer.stop_grace_s", "trainer.dist_timeout_s"),
-    **_rows(HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it", "trainer.steps"),
-    **_rows(NUMERICS, "float summation order and padding of the gradient accumulation", "trainer.micro_batch_size"),
-    **_rows(NUMERICS, "float rounding of CPU kernels that split work by thread", "trainer.threads"),
-    **_rows(NUMERICS, "the order of the gradient sum over ranks (rollouts are seeded per prompt)", "trainer.nproc"),
-    **_rows(NUMERICS, "the order of the gradient sum over ranks; checkpoints hold whole tensors either way",
-            "trainer.strategy"),
-    **_rows(NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)", "trainer.device"),
-    **_rows(NUMERICS, "recomputes the same activations, whole rows instead of a shared prompt pass",
-            "model.gradient_checkpointing"),
-    **_rows(NUMERICS, "float rounding of another kernel for the same attention", "model.attn_implementation"),
-    **_rows(NUMERICS, "rounding and random draws of another backend for the same distribution", "sampler.name"),
-    **_rows(NUMERICS, "rounding and random draws of the vLLM engine", "sampler.vllm."),
-    **_rows(HARMFUL, "the algorithm's advantages, loss or coefficients", *(f"algo.{k}" for k in (
-        "adv_estimator", "norm_adv_by_std", "adv_eps", "policy_loss", "clip_eps_low", "clip_eps_high",
-        "kl_estimator", "beta", "loss_agg", "ppo_epochs", "num_mini_batches", "early_stop_kl", "penalty_beta",
-        "penalty_target_kl", "kl_reward_coef", "kl_ctrl", "kl_target", "kl_horizon", "gamma", "lam",
-        "whiten_advantages", "vf_coef", "value_clip", "critic_lr", "dynamic_sampling", "max_sampling_rounds",
-        "overlong_filter", "overlong_penalty", "overlong_cache", "overlong_penalty_factor", "tis_cap"))),
-    **_rows(HARMFUL, "the model being trained", "model.source", "model.path", "model.tiny."),
-    **_rows(HARMFUL, "the frozen weights' dtype and the compute precision", "model.dtype"),
-    **_rows(HARMFUL, "the trained adapter", *(f"model.lora.{k}" for k in (
-        "enabled", "r", "alpha", "dropout", "target_modules"))),
-    **_rows(HARMFUL, "the sampling distribution or batch", *(f"sampler.{k}" for k in (
-        "n", "temperature", "top_p", "top_k", "max_new_tokens"))),
-    **_rows(HARMFUL, "the reward", "reward.fns", "reward.weights"),
-    **_rows(HARMLESS, "where reward calls run, not what they return", "reward.num_workers"),
-    **_rows(HARMFUL, "which calls score reward.on_timeout, and that score", "reward.timeout_s", "reward.on_timeout"),
-    **_rows(HARMFUL, "the training problems", *(f"data.{k}" for k in (
-        "name", "digits", "ops", "num_numbers", "template", "path", "split", "prompt_field", "answer_field",
-        "system_prompt", "chat_template", "max_prompt_tokens"))),
-    **_rows(HARMFUL, "the held-out split, carved out of or rejected from the training problems", "data.num_eval"),
-    **_rows(HARMFUL, "on data=jsonl/hf, whether the eval rows are carved out of the training file", "data.eval_path",
-            "data.eval_split"),
-    **_rows(HARMFUL, "the optimizer's updates or LR schedule", *(f"optim.{k}" for k in (
-        "lr", "weight_decay", "betas", "warmup_steps", "schedule", "max_grad_norm"))),
-    **_rows(HARMFUL, "the batch size", "trainer.num_prompts"),
-    **_rows(HARMFUL, "the data order and sampling seeds", "seed"),
-}
+KEY_CLASSES: dict[str, tuple[str, str]] = resume_classes(Config)
 
 
 def _steps_matter(old: dict[str, Any], new: dict[str, Any]) -> bool:

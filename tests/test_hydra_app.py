@@ -68,7 +68,7 @@ def test_help_lists_groups_sections_and_field_docs():
 
 
 def test_help_shows_the_values_of_the_composed_config():
-    """The schema's fallbacks are not what a run uses: every algo preset sets num_mini_batches=2."""
+    """The values shown are those of the composed config (presets and overrides applied), not the schema's."""
     grpo = run_cli(["train", "--help", "algo"], ROOT)
     assert grpo.returncode == 0 and "algo.num_mini_batches = 2\n" in grpo.stdout and "algo.beta = 0.04\n" in grpo.stdout
     dapo = run_cli(["train", "algo=dapo", "algo.clip_eps_high=0.3", "--help", "algo"], ROOT)

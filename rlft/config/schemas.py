@@ -1,12 +1,21 @@
 """Config schemas: one dataclass per section, a short docstring per field.
 
-The YAML files under ``conf/`` are merged onto these schemas, so a key missing from YAML takes
-the default below and a key missing here is a typo.
+This is the one place a default is written. The YAML files under ``conf/`` are merged onto these
+schemas, so a key missing from YAML takes the default below and a key missing here is a typo; a
+group option in conf/ sets only the keys that make it that option (tests/test_config_defaults.py).
+
+Each field also says what changing it between a checkpoint and its resumption does to the run
+(``resume``, collected into :data:`rlft.run_state.KEY_CLASSES`) and, in algo, which algorithm it
+belongs to (``section``, collected into :data:`ALGO_SECTIONS` for ``rlft train --help algo``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 GROUPS = ("algo", "model", "sampler", "reward", "data", "logger")
 
@@ -15,93 +24,109 @@ class ConfigError(ValueError):
     """A user-facing configuration problem; the CLI prints it on one line and exits 2."""
 
 
-# Which algorithm each AlgoConfig knob belongs to (``rlft train --help algo`` prints them so; a test
-# checks every field is listed once). The override paths stay flat: algo.ppo_epochs, algo.tis_cap.
-ALGO_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ('Advantages (GRPO, Dr. GRPO)', ('adv_estimator', 'norm_adv_by_std', 'adv_eps',)),
-    ('Policy loss (all)', ('policy_loss', 'clip_eps_low', 'clip_eps_high', 'loss_agg',)),
-    ('KL to the reference (GRPO)', ('kl_estimator', 'beta',)),
-    ('Several updates per rollout (PPO; any algorithm)', ('ppo_epochs', 'num_mini_batches', 'early_stop_kl',)),
-    ('PPO-Penalty (policy_loss=kl_penalty)', ('penalty_beta', 'penalty_target_kl',)),
-    ('PPO: KL in the reward, GAE and the critic (adv_estimator=gae)', ('kl_reward_coef', 'kl_ctrl', 'kl_target', 'kl_horizon', 'gamma', 'lam', 'whiten_advantages', 'vf_coef', 'value_clip', 'critic_lr',)),
-    ('DAPO: dynamic sampling and overlong handling', ('dynamic_sampling', 'max_sampling_rounds', 'overlong_filter', 'overlong_penalty', 'overlong_cache', 'overlong_penalty_factor',)),
-    ('Sampler mismatch correction (sampler=vllm)', ('tis_cap',)),
-)
+# Resume classes: HARMLESS and NUMERICS changes are allowed and reported; HARMFUL ones refuse the resume.
+# A (class, why) given to a section field covers every key under it (a row "section." in KEY_CLASSES).
+HARMLESS, NUMERICS, HARMFUL = "harmless", "numerics only", "harmful"
+LABEL = (HARMLESS, "a display label")
+EVAL_ONLY = (HARMLESS, "evaluation only, greedy and outside the update")
+CHECKPOINTING = (HARMLESS, "checkpointing only")
+WAITING = (HARMLESS, "how long a stop or a lost rank is waited for; the steps run are unchanged")
+ALGORITHM = (HARMFUL, "the algorithm's advantages, loss or coefficients")
+MODEL = (HARMFUL, "the model being trained")
+ADAPTER = (HARMFUL, "the trained adapter")
+SAMPLING = (HARMFUL, "the sampling distribution or batch")
+REWARD = (HARMFUL, "the reward")
+TIMEOUT = (HARMFUL, "which calls score reward.on_timeout, and that score")
+PROBLEMS = (HARMFUL, "the training problems")
+EVAL_ROWS = (HARMFUL, "on data=jsonl/hf, whether the eval rows are carved out of the training file")
+OPTIMIZER = (HARMFUL, "the optimizer's updates or LR schedule")
+
+# `rlft train --help algo` sections: which algorithm each AlgoConfig knob belongs to. The override
+# paths stay flat: algo.ppo_epochs, algo.tis_cap.
+ADVANTAGES = "Advantages (GRPO, Dr. GRPO)"
+POLICY_LOSS = "Policy loss (all)"
+KL_REFERENCE = "KL to the reference (GRPO)"
+EPOCHS = "Several updates per rollout (PPO; any algorithm)"
+PENALTY = "PPO-Penalty (policy_loss=kl_penalty)"
+PPO = "PPO: KL in the reward, GAE and the critic (adv_estimator=gae)"
+DAPO = "DAPO: dynamic sampling and overlong handling"
+MISMATCH = "Sampler mismatch correction (sampler=vllm)"
+
+
+def knob(default: Any = None, resume: tuple[str, str] | None = None, *, factory: Callable[[], Any] | None = None,
+         section: str | None = None) -> Any:
+    """A field: its default (or a factory for a mutable one), its resume class and its help section."""
+    metadata = {k: v for k, v in (("resume", resume), ("section", section)) if v is not None}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"
+    name: str = knob("grpo", LABEL)
     """Preset name, for display."""
-    # --- Advantages (GRPO, Dr. GRPO)
-    adv_estimator: str = "grpo"
+    adv_estimator: str = knob("grpo", ALGORITHM, section=ADVANTAGES)
     """Advantage estimator registered in rlft.algorithms.advantages."""
-    norm_adv_by_std: bool = True
+    norm_adv_by_std: bool = knob(True, ALGORITHM, section=ADVANTAGES)
     """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
-    adv_eps: float = 1e-6
+    adv_eps: float = knob(1e-6, ALGORITHM, section=ADVANTAGES)
     """Added to the group std before dividing."""
-    # --- Policy loss (all)
-    policy_loss: str = "clip"
+    policy_loss: str = knob("clip", ALGORITHM, section=POLICY_LOSS)
     """Policy loss registered in rlft.algorithms.losses."""
-    clip_eps_low: float = 0.2
+    clip_eps_low: float = knob(0.2, ALGORITHM, section=POLICY_LOSS)
     """Ratio clipped below at 1 - clip_eps_low."""
-    clip_eps_high: float = 0.2
+    clip_eps_high: float = knob(0.2, ALGORITHM, section=POLICY_LOSS)
     """Ratio clipped above at 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
-    # --- KL to the reference (GRPO)
-    kl_estimator: str = "k3"
+    kl_estimator: str = knob("k3", ALGORITHM, section=KL_REFERENCE)
     """Estimator of KL(pi_theta || pi_ref) per token: k1, k2 or k3."""
-    beta: float = 0.04
+    beta: float = knob(0.04, ALGORITHM, section=KL_REFERENCE)
     """Weight of the KL-to-reference term in the loss; 0 skips the reference pass."""
-    loss_agg: str = "seq-mean-token-mean"
+    loss_agg: str = knob("seq-mean-token-mean", ALGORITHM, section=POLICY_LOSS)
     """How per-token losses become one scalar (see rlft.algorithms.aggregation)."""
-    # --- Several updates per rollout (PPO; any algorithm)
-    ppo_epochs: int = 1
+    ppo_epochs: int = knob(1, ALGORITHM, section=EPOCHS)
     """Passes over each rollout batch."""
-    num_mini_batches: int = 1
+    num_mini_batches: int = knob(2, ALGORITHM, section=EPOCHS)
     """Optimizer steps per epoch; the rollout batch is split into this many mini-batches."""
-    early_stop_kl: float = 0.0
+    early_stop_kl: float = knob(0.0, ALGORITHM, section=EPOCHS)
     """Stop the remaining epochs on a rollout once mean approx KL(old || new) exceeds this (0: off)."""
-    # --- PPO-Penalty (policy_loss=kl_penalty)
-    penalty_beta: float = 1.0
+    penalty_beta: float = knob(1.0, ALGORITHM, section=PENALTY)
     """PPO-Penalty (policy_loss=kl_penalty): initial coefficient of KL(old || new) in the loss."""
-    penalty_target_kl: float = 0.01
+    penalty_target_kl: float = knob(0.01, ALGORITHM, section=PENALTY)
     """PPO-Penalty: beta doubles when KL > 1.5x this, halves when KL < this / 1.5."""
-    # --- PPO: KL in the reward, GAE and the critic (adv_estimator=gae)
-    kl_reward_coef: float = 0.0
+    kl_reward_coef: float = knob(0.0, ALGORITHM, section=PPO)
     """PPO: coefficient of the per-token KL penalty -coef * (logp_old - logp_ref) in the reward."""
-    kl_ctrl: str = "fixed"
+    kl_ctrl: str = knob("fixed", ALGORITHM, section=PPO)
     """PPO: fixed or adaptive (InstructGPT controller) kl_reward_coef."""
-    kl_target: float = 6.0
+    kl_target: float = knob(6.0, ALGORITHM, section=PPO)
     """Adaptive controller: target KL per sequence."""
-    kl_horizon: int = 10000
+    kl_horizon: int = knob(10000, ALGORITHM, section=PPO)
     """Adaptive controller: horizon in samples."""
-    gamma: float = 1.0
+    gamma: float = knob(1.0, ALGORITHM, section=PPO)
     """GAE discount."""
-    lam: float = 0.95
+    lam: float = knob(0.95, ALGORITHM, section=PPO)
     """GAE lambda."""
-    whiten_advantages: bool = True
+    whiten_advantages: bool = knob(True, ALGORITHM, section=PPO)
     """GAE: normalize advantages to mean 0, std 1 over the batch's response tokens."""
-    vf_coef: float = 0.5
+    vf_coef: float = knob(0.5, ALGORITHM, section=PPO)
     """Value loss coefficient."""
-    value_clip: float = 0.2
+    value_clip: float = knob(0.2, ALGORITHM, section=PPO)
     """Value clipping range around the rollout-time values (0: off)."""
-    critic_lr: float = 1e-4
+    critic_lr: float = knob(1e-4, ALGORITHM, section=PPO)
     """Critic learning rate (value head and critic adapter)."""
-    # --- DAPO: dynamic sampling and overlong handling
-    dynamic_sampling: bool = False
+    dynamic_sampling: bool = knob(False, ALGORITHM, section=DAPO)
     """DAPO: drop groups whose rewards are all equal and sample more until the batch is full."""
-    max_sampling_rounds: int = 4
+    max_sampling_rounds: int = knob(4, ALGORITHM, section=DAPO)
     """DAPO: cap on sampling rounds per step; at the cap, train on what was gathered."""
-    overlong_filter: bool = False
+    overlong_filter: bool = knob(False, ALGORITHM, section=DAPO)
     """DAPO: mask truncated completions out of the loss."""
-    overlong_penalty: bool = False
+    overlong_penalty: bool = knob(False, ALGORITHM, section=DAPO)
     """DAPO: add the soft overlong punishment to the reward (L_max = sampler.max_new_tokens)."""
-    overlong_cache: int = 8
+    overlong_cache: int = knob(8, ALGORITHM, section=DAPO)
     """DAPO: L_cache, the length band before L_max where the punishment ramps from 0 to -1."""
-    overlong_penalty_factor: float = 1.0
+    overlong_penalty_factor: float = knob(1.0, ALGORITHM, section=DAPO)
     """DAPO: weight of the overlong punishment in the reward."""
-    # --- Sampler mismatch correction (sampler=vllm)
-    tis_cap: float = 0.0
+    tis_cap: float = knob(0.0, ALGORITHM, section=MISMATCH)
     """Truncated importance sampling: weight each token's loss by min(exp(logp_learner - logp_sampler), cap)
     to correct for the sampler's numerics (needs a sampler that reports log-probs, e.g. vllm; 0: off)."""
 
@@ -141,16 +166,16 @@ class AlgoConfig:
 
 @dataclass
 class LoraConfig:
-    enabled: bool = True
+    enabled: bool = knob(True, ADAPTER)
     """Train a LoRA adapter (False: full fine-tuning)."""
-    r: int = 16
+    r: int = knob(16, ADAPTER)
     """Adapter rank."""
-    alpha: float = 32.0
+    alpha: float = knob(32.0, ADAPTER)
     """LoRA scaling numerator (scale = alpha / r)."""
-    dropout: float = 0.0
+    dropout: float = knob(0.0, ADAPTER)
     """Dropout on the adapter input."""
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    target_modules: list[str] = knob(
+        resume=ADAPTER, factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that get an adapter."""
 
@@ -171,26 +196,27 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "smollm2_135m"
+    name: str = knob("smollm2_135m", LABEL)
     """Preset name, for display."""
-    source: str = "smollm2_gguf"
+    source: str = knob("smollm2_gguf", MODEL)
     """Where the weights come from: smollm2_gguf, path or tiny."""
-    path: str | None = None
+    path: str | None = knob(None, MODEL)
     """Local Hugging Face model directory (source=path)."""
-    dtype: str = "auto"
+    dtype: str = knob("auto", (HARMFUL, "the frozen weights' dtype and the compute precision"))
     """Compute dtype: bf16 (autocast, frozen weights in bf16), fp32, or auto (bf16 on CUDA; on CPU
     whichever a start-up GEMM probe at the model's shapes measures faster, logged with its figures;
     a resumed run keeps the dtype its checkpoint was trained in)."""
-    attn_implementation: str = "auto"
+    attn_implementation: str = knob("auto", (NUMERICS, "float rounding of another kernel for the same attention"))
     """Learner attention kernel: eager, sdpa, flash_attention_2 (CUDA, needs the flash-attn package), or
     auto (eager on CPU, where it trained ~15% faster than sdpa's flash kernel on short RL sequences;
     sdpa on CUDA)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = knob(
+        False, (NUMERICS, "recomputes the same activations, whole rows instead of a shared prompt pass"))
     """Recompute each layer's activations in backward instead of keeping them (long sequences on
     a GPU); the learner then runs each row whole, without sharing a prompt's pass across its group."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Adapter settings."""
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    tiny: TinyModelConfig = knob(resume=MODEL, factory=TinyModelConfig)
     """Shape of the random model (source=tiny)."""
 
 
@@ -221,69 +247,69 @@ class VLLMConfig:
 
 @dataclass
 class SamplerConfig:
-    name: str = "auto"
+    name: str = knob("auto", (NUMERICS, "rounding and random draws of another backend for the same distribution"))
     """Rollout backend: vllm, hf (transformers), or auto (vllm when installed, else hf)."""
-    n: int = 8
+    n: int = knob(8, SAMPLING)
     """Completions per prompt (the GRPO group size G)."""
-    temperature: float = 1.0
+    temperature: float = knob(1.0, SAMPLING)
     """Sampling temperature; log-probs are computed on logits / temperature."""
-    top_p: float = 1.0
+    top_p: float = knob(1.0, SAMPLING)
     """Nucleus sampling threshold (1.0: off)."""
-    top_k: int = 0
+    top_k: int = knob(0, SAMPLING)
     """Top-k sampling (0: off)."""
-    max_new_tokens: int = 32
+    max_new_tokens: int = knob(32, SAMPLING)
     """Completion length cap; longer completions are truncated."""
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    vllm: VLLMConfig = knob(resume=(NUMERICS, "rounding and random draws of the vLLM engine"), factory=VLLMConfig)
     """vLLM engine settings (sampler=vllm)."""
 
 
 @dataclass
 class RewardConfig:
-    fns: list[str] = field(default_factory=lambda: ["math_correct"])
+    fns: list[str] = knob(resume=REWARD, factory=lambda: ["math_correct"])
     """Built-in reward names or dotted paths 'pkg.module:function'."""
-    weights: list[float] = field(default_factory=lambda: [1.0])
+    weights: list[float] = knob(resume=REWARD, factory=lambda: [1.0])
     """One weight per function; the reward is the weighted sum."""
-    num_workers: int = 0
+    num_workers: int = knob(0, (HARMLESS, "where reward calls run, not what they return"))
     """Score in this many worker processes (0: in the training process, unless timeout_s needs one)."""
-    timeout_s: float = 0.0
+    timeout_s: float = knob(0.0, TIMEOUT)
     """Time limit of one reward call (a batched function: of the whole batch), in seconds; calls then
     run in worker processes that can be stopped (0: no limit)."""
-    on_timeout: float | None = None
+    on_timeout: float | None = knob(None, TIMEOUT)
     """Score of a call that ran past timeout_s or whose worker process died (os._exit, a signal, the
     OOM killer) (None: end the run with one line naming the function, the sample and what happened)."""
 
 
 @dataclass
 class DataConfig:
-    name: str = "arithmetic"
+    name: str = knob("arithmetic", PROBLEMS)
     """Task: arithmetic, countdown (generated), jsonl (a JSON/JSONL file), hf (a local data set), gsm8k (an hf preset)."""
-    digits: int = 2
+    digits: int = knob(2, PROBLEMS)
     """Arithmetic: digits per operand; countdown: numbers and targets lie in [1, 10**digits - 1]."""
-    ops: list[str] = field(default_factory=lambda: ["+"])
+    ops: list[str] = knob(resume=PROBLEMS, factory=lambda: ["+"])
     """Operators: arithmetic draws one per problem (+, -, *); countdown builds targets with them (+, -, *, /)."""
-    num_numbers: list[int] = field(default_factory=lambda: [3, 4])
+    num_numbers: list[int] = knob(resume=PROBLEMS, factory=lambda: [3, 4])
     """Countdown: how many numbers a problem gives, drawn from this list (each used exactly once)."""
-    template: str = "What is {a} {op} {b}? Reply with just the number."
+    template: str = knob("What is {a} {op} {b}? Reply with just the number.", PROBLEMS)
     """Prompt text; arithmetic fills {a} {op} {b}, countdown {numbers} {target}, jsonl/hf {prompt} (string prompts)."""
-    num_eval: int = 200
+    num_eval: int = knob(200, (HARMFUL, "the held-out split, carved out of or rejected from the training problems"))
     """Held-out problems used for evaluation."""
-    path: str | None = None
+    path: str | None = knob(None, PROBLEMS)
     """jsonl: training file; hf/gsm8k: a save_to_disk folder, a folder of data files, or a parquet/json/jsonl/csv file."""
-    split: str = "train"
+    split: str = knob("train", PROBLEMS)
     """hf/gsm8k: the split of data.path to train on (a single file is the split train)."""
-    eval_split: str | None = None
+    eval_split: str | None = knob(None, EVAL_ROWS)
     """hf/gsm8k: the held-out split (of data.eval_path when given, else of data.path)."""
-    eval_path: str | None = None
+    eval_path: str | None = knob(None, EVAL_ROWS)
     """jsonl/hf: held-out file or folder (default: the last num_eval rows of path)."""
-    prompt_field: str = "prompt"
+    prompt_field: str = knob("prompt", PROBLEMS)
     """jsonl/hf: column holding the prompt (a string, or a list of chat messages {role, content})."""
-    answer_field: str | None = "answer"
+    answer_field: str | None = knob("answer", PROBLEMS)
     """jsonl/hf: column holding the reference answer (null: none, rewards get answer="")."""
-    system_prompt: str | None = None
+    system_prompt: str | None = knob(None, PROBLEMS)
     """System message for the chat template (None: the model's default)."""
-    chat_template: bool = True
+    chat_template: bool = knob(True, PROBLEMS)
     """Render prompts with the tokenizer's chat template (false: the raw text; message prompts are refused)."""
-    max_prompt_tokens: int = 0
+    max_prompt_tokens: int = knob(0, PROBLEMS)
     """jsonl/hf: drop (never truncate) problems whose templated prompt is longer than this many tokens (0: no limit)."""
 
 
@@ -314,57 +340,58 @@ class LoggerConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 30
+    steps: int = knob(30, (HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it"))
     """Rollout/update iterations."""
-    nproc: int = 1
+    nproc: int = knob(1, (NUMERICS, "the order of the gradient sum over ranks (rollouts are seeded per prompt)"))
     """Data-parallel ranks to start on this machine through torch's launcher (1: this process only;
     under torchrun leave it 1: --nproc-per-node decides). trainer.num_prompts must be a multiple of the ranks."""
-    strategy: str = "ddp"
+    strategy: str = knob(
+        "ddp", (NUMERICS, "the order of the gradient sum over ranks; checkpoints hold whole tensors either way"))
     """How the ranks hold the learner: ddp (every rank a full replica, gradients all-reduced) or fsdp2
     (the decoder's layers sharded over the ranks with fully_shard; LoRA only; needs several ranks)."""
-    num_prompts: int = 4
+    num_prompts: int = knob(4, (HARMFUL, "the batch size"))
     """Prompts per rollout batch (each sampled sampler.n times)."""
-    micro_batch_size: int = 16
+    micro_batch_size: int = knob(16, (NUMERICS, "float summation order and padding of the gradient accumulation"))
     """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
-    eval_every: int = 10
+    eval_every: int = knob(10, EVAL_ONLY)
     """Evaluate on the held-out split every N steps (0: only at the end)."""
-    eval_at_start: bool = True
+    eval_at_start: bool = knob(True, EVAL_ONLY)
     """Evaluate before the first update, as the baseline."""
-    save_every: int = 0
+    save_every: int = knob(0, CHECKPOINTING)
     """Write a checkpoint every N steps (0: only the final one)."""
-    keep_last: int = 0
+    keep_last: int = knob(0, CHECKPOINTING)
     """Keep only the newest K checkpoints (0: keep all)."""
-    resume: str = ""
+    resume: str = knob("", CHECKPOINTING)
     """'' starts fresh; auto continues from the newest complete checkpoint in the run directory
     (fresh if none); a path continues from that checkpoint (or the newest one in that run directory)."""
-    threads: int = 0
+    threads: int = knob(0, (NUMERICS, "float rounding of CPU kernels that split work by thread"))
     """torch intra-op threads (0: torch's default)."""
-    device: str = "auto"
+    device: str = knob("auto", (NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)"))
     """Where the learner (policy, reference, critic, optimizer, batches) runs: auto (cuda when
     available, else cpu), cpu, cuda or cuda:N."""
-    max_minutes: float = 0.0
+    max_minutes: float = knob(0.0, (HARMLESS, "where to stop; the steps run are unchanged"))
     """Wall-clock budget: stop after the step that crosses it, then evaluate and checkpoint (0: off)."""
-    stop_grace_s: float = 300.0
+    stop_grace_s: float = knob(300.0, WAITING)
     """After the first Ctrl-C/SIGTERM, how long the current step may take to finish (it is then saved)
     before it is aborted as by a second signal (the step before it is saved); 0: wait however long it takes."""
-    dist_timeout_s: float = 300.0
+    dist_timeout_s: float = knob(300.0, WAITING)
     """Under several ranks: how long a collective may wait for the other ranks before this rank ends
     with one line saying another rank stopped answering (a rank that died or hangs; gloo and NCCL)."""
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4
+    lr: float = knob(2e-4, OPTIMIZER)
     """AdamW learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = knob(0.0, OPTIMIZER)
     """AdamW weight decay."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    betas: list[float] = knob(resume=OPTIMIZER, factory=lambda: [0.9, 0.99])
     """AdamW betas."""
-    warmup_steps: int = 3
+    warmup_steps: int = knob(3, OPTIMIZER)
     """Linear warm-up, in optimizer steps."""
-    schedule: str = "constant"
+    schedule: str = knob("constant", OPTIMIZER)
     """After warm-up: constant, linear (to 0) or cosine (to 0)."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = knob(1.0, OPTIMIZER)
     """Gradient clipping by global norm (0: off)."""
 
 
@@ -375,9 +402,34 @@ class Config:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    logger: LoggerConfig = knob(resume=(HARMLESS, "logging only"), factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    seed: int = 0
+    seed: int = knob(0, (HARMFUL, "the data order and sampling seeds"))
     """Seeds data order, sampling and initialisation."""
 
+
+def sections(cls: type) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``(title, field names)`` per ``section`` of ``cls``'s fields, in the order of their first field."""
+    out: dict[str, list[str]] = {}
+    for f in dataclasses.fields(cls):
+        if "section" in f.metadata:
+            out.setdefault(f.metadata["section"], []).append(f.name)
+    return tuple((title, tuple(names)) for title, names in out.items())
+
+
+def resume_classes(cls: type, prefix: str = "") -> dict[str, tuple[str, str]]:
+    """Each field's resume ``(class, why)`` by its full key; a section field's under ``key.``."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, tuple[str, str]] = {}
+    for f in dataclasses.fields(cls):
+        key, sub = f"{prefix}{f.name}", hints[f.name]
+        is_section = dataclasses.is_dataclass(sub)
+        if "resume" in f.metadata:
+            out[f"{key}." if is_section else key] = f.metadata["resume"]
+        if is_section:
+            out.update(resume_classes(sub, f"{key}."))
+    return out
+
+
+ALGO_SECTIONS = sections(AlgoConfig)
