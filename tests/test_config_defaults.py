@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT
 
 from rlft.config import GROUPS, Config, group_options
+from tests.support import ROOT
 
 CONF = ROOT / "conf"
 
