@@ -185,7 +185,7 @@ def _check_single_pass(a: AlgoConfig) -> None:
     if a.ppo_epochs * a.num_mini_batches > 1:
         return
     fix = "set algo.ppo_epochs > 1 or algo.num_mini_batches > 1"
-    if a.policy_loss == "kl_penalty":
+    if a.uses_ppo_penalty:
         raise ConfigError(
             "algo.policy_loss=kl_penalty with one optimizer step per rollout is the plain policy gradient: the "
             f"penalty's gradient is 0 while the policy equals the one that sampled; {fix}"
