@@ -26,6 +26,7 @@ from rlft.models.loading import quiet_libraries
 from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
 from rlft.rewards import resolve_reward
+from rlft.rewards.judges import build_judges, check_judges
 from rlft.samplers import Sampler, build_sampler
 from rlft.sharding import shard_decoder
 
@@ -51,6 +52,8 @@ class Components:
     """Training batches drawn so far (dynamic sampling draws several per step)."""
     dp: DataParallel = field(default=SINGLE)
     """This process's place among the data-parallel ranks."""
+    scorers: list[Any] = field(default_factory=list)
+    """Model scorers mixed into the reward beside reward.fns (reward.judges: rlft.rewards.judges)."""
 
 
 def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = SINGLE) -> Components:
@@ -76,6 +79,7 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler))  # counts: task.dropped
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
+    scorers = build_judges(cfg, precision.dtype, device)
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
     if cfg.trainer.strategy == "fsdp2":
         shard_decoder(policy.model, device, dp)
@@ -83,7 +87,8 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp)
+    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
+                      scorers=scorers)
 
 
 def preflight(cfg: Config, world: int) -> None:
@@ -96,6 +101,7 @@ def preflight(cfg: Config, world: int) -> None:
     """
     for name in cfg.reward.fns:
         resolve_reward(name)
+    check_judges(cfg)
     if cfg.trainer.num_prompts % world:
         raise ConfigError(f"trainer.num_prompts={cfg.trainer.num_prompts} must be a multiple of the {world} ranks "
                           "(each rank samples whole groups)")

@@ -11,6 +11,7 @@ whatever the world size.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from rlft.data.chat import problem_ids
 from rlft.distributed import SINGLE, DataParallel
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
-from rlft.rewards.registry import Sample
+from rlft.rewards.registry import Sample, add_scorers
 from rlft.samplers import Generations, Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class _KeptRow:
 
 
 def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config, cursor: int,
-                  indices: range) -> _Round:
+                  indices: range, scorers: Sequence[Any] = ()) -> _Round:
     prompts = [problem_ids(tokenizer, p, cfg.data) for p in problems]
     t0 = time.perf_counter()
     gens = sampler.generate(prompts, sampling_params(cfg, cursor, indices))
@@ -112,6 +113,7 @@ def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg
     ]
     totals, per_fn = score_samples(cfg.reward.fns, cfg.reward.weights, samples, cfg.sampler.max_new_tokens,
                                    call_policy(cfg.reward))
+    totals = add_scorers(totals, per_fn, scorers, samples)  # reward.judges
     task_scores = torch.tensor(totals, dtype=torch.float32)
     scores = task_scores
     a = cfg.algo
@@ -155,7 +157,8 @@ def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Ro
     kept = 0
     while True:
         problems = c.task.batch(c.cursor, want)
-        own = _sample_round(c.sampler, c.policy.tokenizer, problems[mine.start : mine.stop], cfg, c.cursor, mine)
+        own = _sample_round(c.sampler, c.policy.tokenizer, problems[mine.start : mine.stop], cfg, c.cursor, mine,
+                            c.scorers)
         r = _merge(dp.all_gather(own))
         c.cursor += 1
         seen.append(r)

@@ -264,6 +264,43 @@ class SamplerConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """A generative judge: a causal LM prompted with a rubric, its greedy reply parsed into a score
+    (rlft/rewards/judges.py)."""
+
+    name: str = knob("judge", LABEL)
+    """Label of its scores in the metrics (reward/NAME, reward/NAME_unparsed_frac); unique among the judges."""
+    model: str = knob("smollm2_135m", REWARD)
+    """The judge's causal LM: a local Hugging Face model directory, or a name: smollm2_135m (the
+    bundled SmolLM2-135M-Instruct) or tiny (random weights, for tests). Runs in the policy's dtype."""
+    template: str | None = knob(None, REWARD)
+    """The rubric, sent as one user turn through the judge's chat template: str.format placeholders
+    {prompt}, {reply} (required) and {answer}; literal braces doubled. None: the built-in rubric of
+    ``kind`` (rlft.rewards.judges.DEFAULT_TEMPLATES)."""
+    kind: str = knob("score", REWARD)
+    """score: the reply gives a number in [min_score, max_score], rescaled to [0, 1]; verdict: the reply
+    gives one of the ``verdicts`` words, worth its value."""
+    min_score: float = knob(0.0, REWARD)
+    """kind=score: the lowest score the rubric allows (maps to 0)."""
+    max_score: float = knob(10.0, REWARD)
+    """kind=score: the highest score the rubric allows (maps to 1)."""
+    verdicts: dict[str, float] | None = knob(None, REWARD)
+    """kind=verdict: each verdict word (a whole word, any case) and its score, e.g. {yes: 1, no: 0}
+    (None: {correct: 1, incorrect: 0}; a default dict would be merged into, not replaced)."""
+    weight: float = knob(1.0, REWARD)
+    """Weight of its score in the reward's weighted sum (with reward.weights)."""
+    max_new_tokens: int = knob(64, REWARD)
+    """Cap on the judge's reply; a reply cut before its score is unscored."""
+    temperature: float = knob(0.0, REWARD)
+    """0: greedy (the default, deterministic); > 0 samples the judge."""
+    batch_size: int = knob(32, (NUMERICS, "padding of the judge's batched decoding"))
+    """Replies judged per generate call."""
+    sampler: str = knob("auto", (NUMERICS, "rounding of another backend for the same judge"))
+    """The judge's generation backend: hf, vllm (an engine of its own, sampler.vllm's settings), or
+    auto (sampler.name's backend)."""
+
+
+@dataclass
 class RewardConfig:
     fns: list[str] = knob(resume=REWARD, factory=lambda: ["math_correct"])
     """Built-in reward names or dotted paths 'pkg.module:function'."""
@@ -277,6 +314,9 @@ class RewardConfig:
     on_timeout: float | None = knob(None, TIMEOUT)
     """Score of a call that ran past timeout_s or whose worker process died (os._exit, a signal, the
     OOM killer) (None: end the run with one line naming the function, the sample and what happened)."""
+    judges: list[JudgeConfig] = knob(resume=REWARD, factory=list)
+    """Generative judges whose parsed scores join the weighted sum, e.g.
+    reward.judges=[{model:/path/to/judge,weight:0.5}] (JudgeConfig: rlft train --help reward)."""
 
 
 @dataclass
