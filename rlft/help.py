@@ -121,6 +121,9 @@ def _rows(cls: type, prefix: str, values: dict[str, typing.Any]) -> typing.Itera
             continue
         doc = " ".join(docs.get(f.name, "").split())
         yield key, f"  {key} = {values[f.name]!r}\n      {doc}"
+        entry = next(iter(typing.get_args(sub)), None)
+        if dataclasses.is_dataclass(entry):  # a list of sections (reward.judges): an entry's keys and defaults
+            yield from _rows(entry, f"{key}[i]", dataclasses.asdict(entry()))
 
 
 @cache

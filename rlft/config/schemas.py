@@ -276,7 +276,8 @@ class JudgeConfig:
     template: str | None = knob(None, REWARD)
     """The rubric, sent as one user turn through the judge's chat template: str.format placeholders
     {prompt}, {reply} (required) and {answer}; literal braces doubled. None: the built-in rubric of
-    ``kind`` (rlft.rewards.judges.DEFAULT_TEMPLATES)."""
+    ``kind`` (rlft.rewards.rubric.DEFAULT_TEMPLATES: a short reason, then "Score: N" or the verdict
+    word on the last line)."""
     kind: str = knob("score", REWARD)
     """score: the reply gives a number in [min_score, max_score], rescaled to [0, 1]; verdict: the reply
     gives one of the ``verdicts`` words, worth its value."""
@@ -284,9 +285,10 @@ class JudgeConfig:
     """kind=score: the lowest score the rubric allows (maps to 0)."""
     max_score: float = knob(10.0, REWARD)
     """kind=score: the highest score the rubric allows (maps to 1)."""
+    # None, not a default dict: OmegaConf would merge a user's {yes: 1, no: 0} into it.
     verdicts: dict[str, float] | None = knob(None, REWARD)
     """kind=verdict: each verdict word (a whole word, any case) and its score, e.g. {yes: 1, no: 0}
-    (None: {correct: 1, incorrect: 0}; a default dict would be merged into, not replaced)."""
+    (None: {correct: 1, incorrect: 0})."""
     weight: float = knob(1.0, REWARD)
     """Weight of its score in the reward's weighted sum (with reward.weights)."""
     max_new_tokens: int = knob(64, REWARD)
@@ -316,7 +318,7 @@ class RewardConfig:
     OOM killer) (None: end the run with one line naming the function, the sample and what happened)."""
     judges: list[JudgeConfig] = knob(resume=REWARD, factory=list)
     """Generative judges whose parsed scores join the weighted sum, e.g.
-    reward.judges=[{model:/path/to/judge,weight:0.5}] (JudgeConfig: rlft train --help reward)."""
+    'reward.judges=[{model:/path/to/judge,weight:0.5}]' (each entry's keys: reward.judges[i].KEY)."""
 
 
 @dataclass
