@@ -284,3 +284,30 @@ def test_training_with_vllm_policy_and_vllm_judge(tmp_path):
     assert len(rows) == 3 and all("reward/judge_unparsed_frac" in r and "reward/judge_too_long_frac" in r
                                   for r in rows)
     assert rows[0]["grad_norm"] > 0 and rows[-1]["rollout/logp_abs_diff_mean"] < 0.02
+
+
+@pytest.mark.slow
+def test_resume_is_exact_with_a_judge_from_a_directory(lively_judge, tmp_path):
+    """A judge loaded from a model directory (the lively weights, whose greedy replies differ per
+    sample) mixed with a reward function: a run stopped after step 2 and resumed equals one run."""
+    from rlft.models.loading import save_model_dir
+    from tests.support import comparable_metrics, saved_weights
+
+    _, model, tok, _ = lively_judge
+    save_model_dir(model, tok, tmp_path / "judge")
+    run = [*[o for o in TINY if not o.startswith(("trainer.steps", "trainer.eval_every"))], "trainer.eval_every=2",
+           "trainer.save_every=1", "optim.lr=1e-2",
+           "reward.fns=[tests.helpers:char_count]", "logger.rollouts=true",
+           f"reward.judges=[{{model:{tmp_path / 'judge'},kind:verdict,verdicts:{{joyce:1,nationwide:0.5}},weight:0.3}}]"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    for args in ([f"hydra.run.dir={a}", "trainer.steps=4"], [f"hydra.run.dir={b}", "trainer.steps=2"],
+                 [f"hydra.run.dir={b}", "trainer.steps=4", "trainer.resume=auto"]):
+        r = run_cli(["train", *run, *args], ROOT)
+        assert r.returncode == 0, r.stderr[-2000:]
+    ma, mb = comparable_metrics(a), comparable_metrics(b)
+    assert ma == mb and len(ma) == 5
+    unparsed = [m["reward/judge_unparsed_frac"] for m in ma[1:]]
+    assert min(unparsed) < 1, "the judge scored nothing"  # its replies say "Joyce" about half the time
+    assert (tmp_path / "a" / "rollouts.jsonl").read_text() == (tmp_path / "b" / "rollouts.jsonl").read_text()
+    wa, wb = saved_weights(a, 4), saved_weights(b, 4)
+    assert all(bool((wa[k] == wb[k]).all()) for k in wa)
