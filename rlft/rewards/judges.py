@@ -54,6 +54,7 @@ class JudgeScorer:
         self.params = SamplingParams(n=1, temperature=cfg.temperature or 1.0, max_new_tokens=cfg.max_new_tokens,
                                      greedy=cfg.temperature == 0)
         self.events: dict[str, list[bool]] = {}
+        """Per-sample flags of the last call: unparsed (the reply stated no score), too_long (vLLM)."""
         self.replies: list[str | None] = []
         """The judge's reply to each sample of the last call (None: its rubric did not fit)."""
 
