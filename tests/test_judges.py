@@ -162,6 +162,17 @@ def test_the_tiny_random_judge_scores_or_leaves_unscored(tiny_judge):
     assert judge.score([]) == []
 
 
+def test_scores_are_rescaled_and_verdicts_kept(tiny_judge):
+    cfg, judge = tiny_judge
+    one_to_five = JudgeScorer(dataclasses.replace(cfg.reward.judges[0], min_score=1, max_score=5), judge.sampler,
+                              judge.tokenizer)
+    assert one_to_five.parse("Good.\nScore: 4") == 0.75 and one_to_five.parse("[[1]]") == 0.0
+    assert one_to_five.parse("Score: 9") is None
+    verdict = JudgeScorer(dataclasses.replace(cfg.reward.judges[0], kind="verdict"), judge.sampler, judge.tokenizer)
+    assert verdict.parse("Verdict: Correct") == 1.0 and verdict.parse("Score: 10") is None
+    assert "one word of: correct or incorrect" in verdict.template
+
+
 @pytest.fixture(scope="module")
 def lively_judge():
     """The tiny judge with its matrices redrawn at std 0.3: at init (std 0.02, tied embeddings) its
