@@ -26,6 +26,9 @@ from rlft.models.loading import quiet_libraries
 from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
 from rlft.rewards import resolve_reward
+from rlft.rewards.models import check_reward_model
+from rlft.rewards.normalize import RunningMoments
+from rlft.rewards.scorer import Scorer, build_scorers, gold_name
 from rlft.samplers import Sampler, build_sampler
 from rlft.sharding import shard_decoder
 
@@ -51,6 +54,10 @@ class Components:
     """Training batches drawn so far (dynamic sampling draws several per step)."""
     dp: DataParallel = field(default=SINGLE)
     """This process's place among the data-parallel ranks."""
+    scorers: list[Scorer] = field(default_factory=list)
+    """What the reward is the weighted sum of: reward.fns, then reward.models (loaded once)."""
+    gold: Scorer | None = None
+    """reward.gold's checker, logged beside the learned scorers and never in the reward (None: off)."""
 
 
 def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = SINGLE) -> Components:
@@ -77,13 +84,17 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
+    # Loading may draw random numbers (weights it initialises): the run's random stream stays as without them.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        scorers, gold = build_scorers(cfg, device, precision.dtype)
     if cfg.trainer.strategy == "fsdp2":
         shard_decoder(policy.model, device, dp)
     total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
     optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp)
+    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
+                      scorers=scorers, gold=gold)
 
 
 def preflight(cfg: Config, world: int) -> None:
@@ -94,8 +105,10 @@ def preflight(cfg: Config, world: int) -> None:
         ConfigError: saying what to change (RewardNameError for a reward that does not resolve).
         RewardError: importing a user's reward module raised.
     """
-    for name in cfg.reward.fns:
+    for name in [*cfg.reward.fns, *filter(None, [gold_name(cfg)])]:
         resolve_reward(name)
+    for m in cfg.reward.models:
+        check_reward_model(m)
     if cfg.trainer.num_prompts % world:
         raise ConfigError(f"trainer.num_prompts={cfg.trainer.num_prompts} must be a multiple of the {world} ranks "
                           "(each rank samples whole groups)")
@@ -113,6 +126,8 @@ class AlgoState:
 
     penalty_beta: float
     kl_coef: float
+    reward_moments: RunningMoments = field(default_factory=RunningMoments)
+    """Running statistics of the total reward (``reward.normalize``)."""
 
 
 def seed_everything(seed: int) -> None:

@@ -13,6 +13,7 @@ from rlft.distributed import SINGLE, DataParallel
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
+from rlft.rewards.scorer import eval_reward
 from rlft.samplers import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 
 def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
                 params: SamplingParams) -> tuple[list[list[bool]], int]:
-    """Sample ``params.n`` completions per problem and judge each with the first reward function (> 0.5).
+    """Sample ``params.n`` completions per problem and judge each (> 0.5) with :func:`eval_reward`'s function:
+    ``reward.gold``'s checker when there is one, else the first reward function.
 
     Returns:
         Per problem, one bool per completion; and the number of completion tokens.
@@ -30,19 +32,23 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
     gens = sampler.generate(prompts, params)
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     samples = [
-        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut, problems[i].columns)
+        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut, problems[i].columns, problems[i].messages)
         for i, t, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
     ]
-    _, per_fn = score_samples(cfg.reward.fns[:1], [1.0], samples, cfg.sampler.max_new_tokens, call_policy(cfg.reward))
+    judge = eval_reward(cfg)
+    if judge is None:
+        raise DataError("evaluation needs a rule-based reward to judge correctness: set reward.gold=FN, "
+                        "or put one in reward.fns")
+    _, per_fn = score_samples([judge], [1.0], samples, cfg.sampler.max_new_tokens, call_policy(cfg.reward))
     out: list[list[bool]] = [[] for _ in problems]
-    for i, s in zip(gens.prompt_index, per_fn[cfg.reward.fns[0]]):
+    for i, s in zip(gens.prompt_index, per_fn[judge]):
         out[i].append(s > 0.5)
     return out, gens.num_tokens
 
 
 def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
              dp: DataParallel = SINGLE) -> dict[str, float]:
-    """Greedy accuracy (the first reward function, usually correctness, > 0.5) on ``problems``.
+    """Greedy accuracy (``reward.gold``, else the first reward function, > 0.5) on ``problems``.
 
     Under data parallelism each rank evaluates a contiguous share and the counts are summed.
 

@@ -2,8 +2,9 @@
 
 Saved: the trainable weights (policy adapter or full weights, critic), optimizer and
 scheduler state, every random state (python, numpy, torch, the mini-batch shuffler), the
-data position, the adapted algorithm coefficients, the step and the resolved config. Under
-LoRA the adapter is also written in peft's own format (``adapter/``) for use outside rlft.
+data position, the adapted algorithm coefficients, the reward's running statistics
+(``reward.normalize``), the step and the resolved config. Under LoRA the adapter is also
+written in peft's own format (``adapter/``) for use outside rlft.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rlft import checkpoint as ckpt
 from rlft.config import Config, ConfigError
 from rlft.config.schemas import HARMFUL, NUMERICS, resume_classes
 from rlft.config.schemas import HARMLESS as HARMLESS  # re-exported: the three classes are read from here
+from rlft.rewards.normalize import RunningMoments
 from rlft.sharding import copy_full_, full_named, like
 
 if TYPE_CHECKING:
@@ -96,7 +98,8 @@ def collect(c: Components) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]
         "dropped_prompts": list(c.task.dropped),
         "compute_dtype": c.precision.dtype,
         "world_size": dp.world,
-        "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef},
+        "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef,
+                 "reward_moments": c.state.reward_moments.to_json()},
         "optimizer_param_groups": opt["param_groups"],
         "scheduler": c.scheduler.state_dict(),
         **rng_json,
@@ -215,6 +218,7 @@ def apply(c: Components, tensors: dict[str, dict[str, Tensor]], state: dict[str,
     c.cursor = int(state["cursor"])
     c.state.penalty_beta = float(state["algo"]["penalty_beta"])
     c.state.kl_coef = float(state["algo"]["kl_coef"])
+    c.state.reward_moments = RunningMoments.from_json(state["algo"].get("reward_moments", []))  # absent: older
     rng, rng_json = _own_rng(tensors[RNG], state, c.dp.rank)
     torch.set_rng_state(rng["torch"])
     restore_device_rng(rng, c.device)

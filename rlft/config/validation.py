@@ -58,13 +58,14 @@ def validate(cfg: Config) -> None:
     if r.on_timeout is not None and r.timeout_s <= 0:
         raise ConfigError(f"reward.on_timeout={r.on_timeout} scores calls that pass reward.timeout_s, which is 0 "
                           "(no limit): set reward.timeout_s=SECONDS, or drop reward.on_timeout")
-    if len(cfg.reward.fns) == 0:
-        raise ConfigError("reward.fns is empty: name at least one reward function")
+    if len(cfg.reward.fns) == 0 and not cfg.reward.models:
+        raise ConfigError("reward.fns and reward.models are empty: name at least one reward function or model")
     if len(cfg.reward.weights) != len(cfg.reward.fns):
         raise ConfigError(
             f"reward.weights has {len(cfg.reward.weights)} entries but reward.fns has "
             f"{len(cfg.reward.fns)}: give one weight per function"
         )
+    _check_reward_models(cfg)
     if cfg.model.dtype not in ("auto", "bf16", "fp32"):
         raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: auto, bf16, fp32")
     _check_device(t.device, cfg.model)
@@ -105,7 +106,7 @@ def _check_data(cfg: Config) -> None:
     # Countdown answers are JSON, and math_correct would pay for writing the target alone; GSM8K replies
     # give their answer after "####" or in \boxed{}: with only built-in rewards, one must be the task's
     # own (a user's function may score it its way).
-    builtins_only = all(":" not in f and "." not in f for f in cfg.reward.fns)
+    builtins_only = all(":" not in f and "." not in f for f in cfg.reward.fns) and not cfg.reward.models
     for task, fn in (("countdown", "countdown_correct"), ("gsm8k", "gsm8k_correct")):
         if d.name == task and builtins_only and fn not in cfg.reward.fns:
             raise ConfigError(f"data={task} is scored by the {fn} reward, not {list(cfg.reward.fns)}: "
@@ -128,6 +129,31 @@ def _check_data(cfg: Config) -> None:
     if d.system_prompt and not d.chat_template:
         raise ConfigError("data.system_prompt is a chat message, but data.chat_template=false sends raw text: "
                           "drop one of them (or put the text in data.template)")
+
+
+def _check_reward_models(cfg: Config) -> None:
+    """reward.models' fields, their metric names, and reward.normalize/clip (the paths are checked at start-up,
+    rlft.components.preflight)."""
+    from rlft.rewards.scorer import RESERVED
+
+    r = cfg.reward
+    if not 0 <= r.clip < math.inf:
+        raise ConfigError(f"reward.clip={r.clip} must be >= 0 (0: off)")
+    names = list(r.fns)
+    for i, m in enumerate(r.models):
+        where = f"reward.models[{i}]"
+        if not m.path:
+            raise ConfigError(f"{where} has no path: give {{path: DIR}} (a sequence-classification model directory)")
+        if m.dtype not in ("auto", "bf16", "fp32"):
+            raise ConfigError(f"{where}.dtype='{m.dtype}'; valid choices: auto, bf16, fp32")
+        if m.batch_size < 1 or m.max_length < 1:
+            raise ConfigError(f"{where}: batch_size={m.batch_size} and max_length={m.max_length} must be at least 1")
+        if not math.isfinite(m.weight):
+            raise ConfigError(f"{where}.weight={m.weight} must be a finite number")
+        if m.label in RESERVED or m.label in names:
+            taken = "is a metric rlft logs itself" if m.label in RESERVED else "is taken by another scorer"
+            raise ConfigError(f"{where}: its name '{m.label}' (reward/{m.label}) {taken}; set {where}.name")
+        names.append(m.label)
 
 
 def _check_optim(cfg: Config) -> None:

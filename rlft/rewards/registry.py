@@ -89,6 +89,8 @@ class Sample:
     truncated: bool
     columns: dict[str, Any] = field(default_factory=dict)
     """The data row's other columns (reward keyword arguments)."""
+    messages: list[dict[str, Any]] | None = None
+    """The row's chat messages when its prompt is a message list (``prompt`` is then the last user message)."""
 
 
 def score_samples(
