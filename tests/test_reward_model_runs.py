@@ -20,8 +20,17 @@ from rlft.models.loading import load_tokenizer
 from rlft.rewards.models import RewardModel
 from rlft.rewards.normalize import EPS
 from rlft.rewards.registry import Sample
-from tests.support import (DIST_ARGS, DIST_STEPS, ROOT, TINY, comparable_metrics, dist_env, run_cli, saved_weights,
-                           write_reward_model)
+from tests.support import (
+    DIST_ARGS,
+    DIST_STEPS,
+    ROOT,
+    TINY,
+    comparable_metrics,
+    dist_env,
+    run_cli,
+    saved_weights,
+    write_reward_model,
+)
 
 pytestmark = pytest.mark.slow  # each test runs 2-3 training processes (~15-30 s each here)
 

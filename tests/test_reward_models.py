@@ -181,3 +181,18 @@ def test_bad_reward_model_is_one_line_at_start_up(tmp_path, case):
     line = one_error_line(r, 2)
     assert ("no such directory" if case == "missing" else "has 2 labels; a reward model has one") in line
     assert str(path) in line
+
+
+def test_plot_shows_model_against_gold(tmp_path):
+    import json
+
+    from matplotlib.image import imread
+
+    from rlft.plots import plot_run
+
+    for run, extra in (("plain", {}), ("rm", {"reward/model": 0.5, "reward/gold": 0.25})):
+        (tmp_path / run).mkdir()
+        rows = [{"step": s, "reward/mean": 0.1 * s, "eval/accuracy": 0.2, **extra} for s in range(3)]
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    widths = {run: imread(plot_run(tmp_path / run)).shape[1] for run in ("plain", "rm")}
+    assert widths == {"plain": 1000, "rm": 1500}  # a third panel, 5 inches at 100 dpi
