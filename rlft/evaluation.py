@@ -103,6 +103,8 @@ def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, An
     from rlft.samplers import build_sampler, sync_sampler
 
     quiet_libraries()
+    if eval_reward(cfg) is None:
+        raise DataError("nothing judges correctness: reward.fns is empty and reward.gold is off; set reward.gold=FN")
     task = build_task(cfg.data, cfg.seed)
     problems = task.eval_problems
     if not problems:
