@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlft.errors import ModelError
 from rlft.paths import user_path
 
 if TYPE_CHECKING:
@@ -21,10 +22,6 @@ if TYPE_CHECKING:
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-class ModelError(RuntimeError):
-    """The model cannot be found or loaded; the message says what to install or set."""
 
 
 def quiet_libraries(keep_warnings: bool = False) -> None:
