@@ -1,5 +1,6 @@
 """Tasks (generated or file-based), chat templating, and Hugging Face data sets."""
 
-from rlft.data.tasks import DataError, Problem, Task, build_task
+from rlft.data.build import build_task
+from rlft.data.tasks import DataError, Problem, Task
 
 __all__ = ["DataError", "Problem", "Task", "build_task"]
