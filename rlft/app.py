@@ -156,7 +156,7 @@ def task(raw: Any) -> float:
     import transformers  # (seconds; and below, torch)
 
     import rlft.trainer  # noqa: F401  (torch's loggers exist before run_log routes them)
-    from rlft.distributed import from_environment
+    from rlft.distributed import from_environment  # torch
 
     transformers.utils.logging.get_logger("transformers")  # its library logger takes its console handler now
 
@@ -172,9 +172,9 @@ def task(raw: Any) -> float:
 
 def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
     """:func:`task`'s job, with third-party output going to the run's train.log."""
-    from rlft.components import preflight  # torch, as below
-    from rlft.distributed import launched
-    from rlft.trainer import train
+    from rlft.components import preflight  # torch
+    from rlft.distributed import launched  # torch
+    from rlft.trainer import train  # torch
 
     hc = HydraConfig.get()
     status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,
