@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from rlft.data import build_task
 from rlft.data.chat import drop_long_prompts, problem_ids, prompt_room
-from rlft.data.tasks import DataError, Problem
+from rlft.data.tasks import Problem
 from rlft.distributed import SINGLE, DataParallel
+from rlft.errors import DataError
 from rlft.models import build_policy
 from rlft.models.device import resolve_device
 from rlft.models.loading import quiet_libraries

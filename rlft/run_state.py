@@ -19,9 +19,10 @@ import yaml
 from torch import Tensor
 
 from rlft import checkpoint as ckpt
-from rlft.config import Config, ConfigError
+from rlft.config import Config
 from rlft.config.schemas import HARMFUL, NUMERICS, resume_classes
 from rlft.config.schemas import HARMLESS as HARMLESS  # re-exported: the three classes are read from here
+from rlft.errors import ConfigError
 from rlft.models.critic import CRITIC_ADAPTER
 from rlft.sharding import copy_full_, full_named, like
 

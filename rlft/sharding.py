@@ -28,8 +28,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from rlft.config import ConfigError
 from rlft.distributed import DataParallel
+from rlft.errors import ConfigError
 
 
 def shard_decoder(model: Any, device: torch.device, dp: DataParallel) -> None:

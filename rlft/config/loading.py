@@ -19,8 +19,9 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlft.config.schemas import GROUPS, Config, ConfigError
+from rlft.config.schemas import GROUPS, Config
 from rlft.config.validation import validate
+from rlft.errors import ConfigError
 
 EXTRA_GROUPS = ("experiment",)
 """Groups with no schema section of their own: ``+experiment=NAME`` presets set keys anywhere."""

@@ -6,7 +6,8 @@ import importlib.util
 import math
 import re
 
-from rlft.config.schemas import AlgoConfig, Config, ConfigError, ModelConfig
+from rlft.config.schemas import AlgoConfig, Config, ModelConfig
+from rlft.errors import ConfigError
 
 
 def validate(cfg: Config) -> None:

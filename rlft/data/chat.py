@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlft.config.validation import resolve_sampler_name
-from rlft.data.problem import DataError, Problem
+from rlft.data.problem import Problem
 from rlft.data.tasks import Task, rows_task
+from rlft.errors import DataError
 
 if TYPE_CHECKING:
     from rlft.config.schemas import DataConfig, SamplerConfig

@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlft.data.problem import DataError, Problem, check_columns, to_problems
+from rlft.data.problem import Problem, check_columns, to_problems
 from rlft.data.tasks import Task, json_rows, split_eval
+from rlft.errors import DataError
 from rlft.paths import user_path
 from rlft.rewards.gsm8k import parse_gsm8k_answer
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlft.data.problem import DataError, Problem, to_problems
+from rlft.data.problem import Problem, to_problems
+from rlft.errors import DataError
 from rlft.paths import user_path
 
 if TYPE_CHECKING:

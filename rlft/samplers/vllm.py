@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from rlft.config import ConfigError
 from rlft.console import quiet, verbose
 from rlft.distributed import launched
+from rlft.errors import ConfigError
 from rlft.samplers.base import Generations, SamplingParams, scratch_dir
 from rlft.sharding import full_named, is_sharded
 
