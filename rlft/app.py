@@ -29,7 +29,7 @@ from rlft.config import check_overrides, compose, conf_dir
 from rlft.config.loading import register_schema, to_config
 from rlft.console import run_log
 from rlft.errors import ConfigError, RlftError, fail
-from rlft.jobs import JOB_STATUS, JobState, write_status  # noqa: F401  (JOB_STATUS: re-exported)
+from rlft.jobs import JOB_STATUS, JobState, failed, write_status  # noqa: F401  (JOB_STATUS: re-exported)
 from rlft.launch import final_accuracy, launch, rank_args, rank_status, without
 from rlft.paths import quote_home, user_path
 from rlft.sweep import expand
@@ -105,8 +105,8 @@ def run(args: list[str]) -> int:
     try:
         if not hydra_only:
             precheck(overrides, multirun)
-    except ConfigError as e:
-        return fail(str(e))
+    except RlftError as e:  # a ConfigError: composing is all precheck does
+        return fail(str(e), e.exit_code)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if launched() and not hydra_only:
         overrides = _rank_overrides(overrides)
@@ -188,8 +188,8 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
         _check_nproc(cfg.trainer.nproc)
         metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
         result = final_accuracy(metrics)
-    except RlftError as e:
-        status.update(status="failed", exit_code=e.exit_code, error=str(e))
+    except RlftError as e:  # any of them: its one line, its class's exit code
+        status.update(failed(e))
         result = math.nan
     except Exception as e:
         if not (dp.active and _peer_lost(e)):

@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 print(train_help(rest))
-            except ConfigError as e:
-                return fail(str(e))
+            except RlftError as e:  # a ConfigError
+                return fail(str(e), e.exit_code)
             return 0
         from rlft.app import run  # Hydra
 

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlft.errors import RlftError
+
 JOB_STATUS = "job.json"
 """Written in each job's directory when it ends: status, exit code, error line, overrides, seconds."""
 
@@ -18,6 +20,11 @@ class JobState:
 
     failed_jobs: int = 0
     flags: list[str] = []  # noqa: RUF012  (Hydra's flags of this command, which trainer.nproc's ranks get too)
+
+
+def failed(e: RlftError) -> dict[str, Any]:
+    """job.json's fields for a job that ``e`` ended: its one line and its class's exit code."""
+    return {"status": "failed", "exit_code": e.exit_code, "error": str(e)}
 
 
 def write_status(run_dir: Path, status: dict[str, Any], t0: float) -> None:
