@@ -153,7 +153,7 @@ def task(raw: Any) -> float:
         The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
         such as Optuna to optimise.
     """
-    import transformers  # (seconds; and below, torch)
+    import transformers  # seconds to import, as torch below: only a job needs them
 
     import rlft.trainer  # noqa: F401  (torch's loggers exist before run_log routes them)
     from rlft.distributed import from_environment  # torch
