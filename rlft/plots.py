@@ -26,10 +26,10 @@ def _series(records: list[dict[str, Any]], key: str, x: str = "step") -> tuple[l
 
 
 def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path, x: str = "step") -> Path:
-    import matplotlib
+    import matplotlib  # seconds to import: only when a plot is drawn
 
     matplotlib.use("Agg")  # files only; no display here
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg")
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
     for ax, (key, label) in zip(axes, PANELS):

@@ -17,11 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlft.errors import ConfigError  # noqa: F401  (re-exported: rlft.config.schemas.ConfigError)
+
 GROUPS = ("algo", "model", "sampler", "reward", "data", "logger")
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the CLI prints it on one line and exits 2."""
 
 
 # Resume classes: HARMLESS and NUMERICS changes are allowed and reported; HARMFUL ones refuse the resume.

@@ -6,11 +6,13 @@ import importlib.util
 import math
 import re
 
-from rlft.config.schemas import AlgoConfig, Config, ConfigError, ModelConfig
+from rlft.config.schemas import AlgoConfig, Config, ModelConfig
+from rlft.errors import ConfigError
 
 
 def validate(cfg: Config) -> None:
     """Checks that span several fields, each with a message saying what to change."""
+    # torch, seconds: imported here so that a config is composed and checked before torch loads.
     from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
     a, s, t = cfg.algo, cfg.sampler, cfg.trainer
@@ -154,7 +156,7 @@ def _check_optim(cfg: Config) -> None:
 
 def _check_device(device: str, m: ModelConfig) -> None:
     """The learner's device and the attention kernel exist here."""
-    import torch
+    import torch  # as in validate()
 
     if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
         raise ConfigError(f"trainer.device='{device}'; valid choices: auto, cpu, cuda, cuda:N")
