@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlft.config import ConfigError
 from rlft.data import Task, build_task
 from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.distributed import SINGLE, DataParallel, local_rank
+from rlft.errors import ConfigError
 from rlft.learner import build_optimizer
 from rlft.models import Policy, build_policy
 from rlft.models.critic import Critic, build_critic

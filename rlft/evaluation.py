@@ -7,14 +7,22 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlft.data import build_task
 from rlft.data.chat import drop_long_prompts, problem_ids, prompt_room
-from rlft.data.tasks import DataError, Problem
+from rlft.data.tasks import Problem
 from rlft.distributed import SINGLE, DataParallel
+from rlft.errors import DataError
+from rlft.models import build_policy
+from rlft.models.device import resolve_device
+from rlft.models.loading import quiet_libraries
+from rlft.models.precision import resolve as resolve_precision
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
 from rlft.rewards.scorer import eval_reward
-from rlft.samplers import Sampler, SamplingParams
+from rlft.rollout import prompt_seeds
+from rlft.run_state import load_policy_weights, trained_dtype
+from rlft.samplers import Sampler, SamplingParams, build_sampler, sync_sampler
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -74,8 +82,6 @@ def sampled_params(cfg: Config, num_problems: int, samples: int) -> SamplingPara
     """Evaluation's sampling settings: a seed per problem, spaced as training's (``prompt_seeds``), so
     that no two samples share vLLM's per-request noise (one seed for every prompt gave sample j of
     every problem the same seed)."""
-    from rlft.rollout import prompt_seeds
-
     s = cfg.sampler
     return SamplingParams(n=samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           max_new_tokens=s.max_new_tokens, seed=cfg.seed,
@@ -94,14 +100,6 @@ def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], 
 
 def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     """Evaluate the base model named by ``cfg.model`` or, given one, a checkpoint's policy."""
-    from rlft.data import build_task
-    from rlft.models import build_policy
-    from rlft.models.device import resolve_device
-    from rlft.models.loading import quiet_libraries
-    from rlft.models.precision import resolve as resolve_precision
-    from rlft.run_state import load_policy_weights, trained_dtype
-    from rlft.samplers import build_sampler, sync_sampler
-
     quiet_libraries()
     if eval_reward(cfg) is None:
         raise DataError("nothing judges correctness: reward.fns is empty and reward.gold is off; set reward.gold=FN")

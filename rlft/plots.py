@@ -29,10 +29,10 @@ def _series(records: list[dict[str, Any]], key: str, x: str = "step") -> tuple[l
 
 
 def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path, x: str = "step") -> Path:
-    import matplotlib
+    import matplotlib  # seconds to import: only when a plot is drawn
 
     matplotlib.use("Agg")  # files only; no display here
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg")
 
     gold = any(k in r for records in runs.values() for r in records for k in GOLD_PANEL[0])
     panels = [((key,), label) for key, label in PANELS] + ([GOLD_PANEL] if gold else [])

@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import yaml
 from torch import Tensor
 
 from rlft import checkpoint as ckpt
-from rlft.config import Config, ConfigError
+from rlft.config import Config
 from rlft.config.schemas import HARMFUL, NUMERICS, resume_classes
 from rlft.config.schemas import HARMLESS as HARMLESS  # re-exported: the three classes are read from here
+from rlft.errors import ConfigError
+from rlft.models.critic import CRITIC_ADAPTER
 from rlft.rewards.normalize import RunningMoments
 from rlft.sharding import copy_full_, full_named, like
 
@@ -153,8 +156,6 @@ def _peft_writer(model: Any, weights: dict[str, Tensor]) -> Any:
 
 def load_policy_weights(model: Any, path: Path) -> None:
     """Copy a checkpoint's policy weights (not its critic's) into a model built like the trained one."""
-    from rlft.models.critic import CRITIC_ADAPTER
-
     saved = {k.removeprefix("policy/"): v for k, v in ckpt.read_tensors(path, WEIGHTS).items()
              if k.startswith("policy/") and f".{CRITIC_ADAPTER}." not in k}
     own = dict(model.named_parameters())
@@ -261,8 +262,6 @@ def config_changes(saved_yaml: str, current_yaml: str, trained_dtype: str | None
     ``trained_dtype`` is what ``model.dtype=auto`` resolved to in the checkpoint: ``auto`` on
     either side stands for it, so ``auto`` and the dtype it chose are no change.
     """
-    import yaml
-
     old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(current_yaml) or {})
     for flat in (old, new):
         if trained_dtype and flat.get("model.dtype") == "auto":
@@ -300,8 +299,6 @@ def check_compatible(path: Path, current_yaml: str, world_size: int = 1) -> list
 def trained_dtype(path: Path) -> str | None:
     """The compute dtype a checkpoint was trained in: recorded since ``model.dtype=auto`` exists,
     else its config's explicit value (older checkpoints)."""
-    import yaml
-
     try:
         recorded = ckpt.read_json(path, ckpt.STATE).get("compute_dtype")
     except (OSError, ValueError):  # no trainer state to read: the config is all there is

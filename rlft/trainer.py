@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
 from rlft import checkpoint as ckpt
 from rlft import failure, run_state
 from rlft.components import Components, build_components
@@ -168,6 +170,4 @@ def train_step(step: int, c: Components, cfg: Config, out: Outputs | None = None
 
 
 def _to_yaml(cfg: Config) -> str:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -18,11 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from rlft.errors import ConfigError  # noqa: F401  (re-exported: rlft.config.schemas.ConfigError)
+
 GROUPS = ("algo", "model", "sampler", "reward", "data", "logger")
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the CLI prints it on one line and exits 2."""
 
 
 # Resume classes: HARMLESS and NUMERICS changes are allowed and reported; HARMFUL ones refuse the resume.
@@ -262,6 +260,11 @@ class SamplerConfig:
     """Completion length cap; longer completions are truncated."""
     vllm: VLLMConfig = knob(resume=(NUMERICS, "rounding and random draws of the vLLM engine"), factory=VLLMConfig)
     """vLLM engine settings (sampler=vllm)."""
+
+
+# Metric names the rollout logs itself under reward/: no reward model may take one as its name.
+REWARD_METRICS = ("mean", "std", "raw_mean", "unscored_frac", "overlong_penalty", "model", "gold", "running_mean",
+                  "running_std", "clipped_frac")
 
 
 @dataclass

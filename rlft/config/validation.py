@@ -6,11 +6,13 @@ import importlib.util
 import math
 import re
 
-from rlft.config.schemas import AlgoConfig, Config, ConfigError, ModelConfig
+from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig
+from rlft.errors import ConfigError
 
 
 def validate(cfg: Config) -> None:
     """Checks that span several fields, each with a message saying what to change."""
+    # torch, seconds: imported here so that a config is composed and checked before torch loads.
     from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
     a, s, t = cfg.algo, cfg.sampler, cfg.trainer
@@ -134,8 +136,6 @@ def _check_data(cfg: Config) -> None:
 def _check_reward_models(cfg: Config) -> None:
     """reward.models' fields, their metric names, and reward.normalize/clip (the paths are checked at start-up,
     rlft.components.preflight)."""
-    from rlft.rewards.scorer import RESERVED
-
     r = cfg.reward
     if not 0 <= r.clip < math.inf:
         raise ConfigError(f"reward.clip={r.clip} must be >= 0 (0: off)")
@@ -150,8 +150,8 @@ def _check_reward_models(cfg: Config) -> None:
             raise ConfigError(f"{where}: batch_size={m.batch_size} and max_length={m.max_length} must be at least 1")
         if not math.isfinite(m.weight):
             raise ConfigError(f"{where}.weight={m.weight} must be a finite number")
-        if m.label in RESERVED or m.label in names:
-            taken = "is a metric rlft logs itself" if m.label in RESERVED else "is taken by another scorer"
+        if m.label in REWARD_METRICS or m.label in names:
+            taken = "is a metric rlft logs itself" if m.label in REWARD_METRICS else "is taken by another scorer"
             raise ConfigError(f"{where}: its name '{m.label}' (reward/{m.label}) {taken}; set {where}.name")
         names.append(m.label)
 
@@ -180,7 +180,7 @@ def _check_optim(cfg: Config) -> None:
 
 def _check_device(device: str, m: ModelConfig) -> None:
     """The learner's device and the attention kernel exist here."""
-    import torch
+    import torch  # as in validate()
 
     if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
         raise ConfigError(f"trainer.device='{device}'; valid choices: auto, cpu, cuda, cuda:N")

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlft.models.loading import DTYPES, ModelError
+from rlft.errors import ModelError
+from rlft.models.loading import DTYPES
 from rlft.paths import user_path
 from rlft.rewards.registry import Sample
 
@@ -64,7 +65,7 @@ class RewardModel:
     kind = "model"
 
     def __init__(self, m: RewardModelConfig, device: torch.device, dtype: str):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer  # slow; only when a model loads
 
         check_reward_model(m)
         self.name, self.weight = m.label, float(m.weight)

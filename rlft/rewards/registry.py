@@ -29,20 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlft.config import ConfigError
+from rlft.errors import CallDied, CallFailed, CallTimeout, RewardError, RewardNameError
 from rlft.registry import Registry
-from rlft.rewards.calls import IN_PROCESS, CallDied, CallFailed, CallPolicy, CallTimeout, run_calls
+from rlft.rewards.calls import IN_PROCESS, CallPolicy, run_calls
 
 RewardFn = Callable[..., float]
 REWARDS = Registry("reward function")
-
-
-class RewardError(RuntimeError):
-    """A reward function failed; the message names the function and the sample."""
-
-
-class RewardNameError(RewardError, ConfigError):
-    """An entry of ``reward.fns`` names nothing callable: a mistake in the config (exit 2), not in the function."""
 
 
 def resolve_reward(name: str) -> RewardFn:

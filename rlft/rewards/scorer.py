@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from rlft.rewards.calls import IN_PROCESS, CallPolicy, call_policy
+from rlft.rewards.models import load_reward_models
 from rlft.rewards.registry import Sample, score_samples
 
 if TYPE_CHECKING:
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
 
 # The task's rule-based checker: reward.gold=auto's choice when learned scorers drive training.
 TASK_CHECKERS = {"arithmetic": "math_correct", "gsm8k": "gsm8k_correct", "countdown": "countdown_correct"}
-# Metric names the rollout logs itself under reward/: no scorer may take one.
-RESERVED = ("mean", "std", "raw_mean", "unscored_frac", "overlong_penalty", "model", "gold", "running_mean",
-            "running_std", "clipped_frac")
 
 
 class Scorer(Protocol):
@@ -119,8 +117,6 @@ def eval_reward(cfg: Config) -> str | None:
 
 def build_scorers(cfg: Config, device: torch.device, compute_dtype: str) -> tuple[list[Scorer], Scorer | None]:
     """The run's scorers, reward models loaded once (on ``device``), and the gold checker (None: off)."""
-    from rlft.rewards.models import load_reward_models
-
     r, policy = cfg.reward, call_policy(cfg.reward)
     mnt = cfg.sampler.max_new_tokens
     scorers: list[Scorer] = [FunctionScorer(n, float(w), mnt, policy) for n, w in zip(r.fns, r.weights)]
