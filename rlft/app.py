@@ -10,27 +10,37 @@ only, which is recorded in its ``job.json`` and in the sweep summary, and the ot
 
 from __future__ import annotations
 
-import json
+import atexit
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from rlft.config import check_overrides, compose, conf_dir
+from rlft.config.loading import register_schema, to_config
+from rlft.console import run_log
+from rlft.errors import ConfigError, RlftError, fail
+from rlft.jobs import JOB_STATUS, JobState, failed, write_status  # noqa: F401  (JOB_STATUS: re-exported)
+from rlft.launch import final_accuracy, launch, rank_args, rank_status, without
+from rlft.paths import quote_home, user_path
+from rlft.sweep import expand
+
+# torch (rlft.distributed, rlft.trainer) and transformers are imported inside the functions that
+# need them: a wrong override is reported before they load, in a fraction of their seconds.
 
 # Hydra flags that take the next argument as their value.
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                 "--config-dir", "-cd", "--shell-completion", "-sc", "--experimental-rerun"}
 _CFG_CHOICES = ("job", "hydra", "all")
-JOB_STATUS = "job.json"
-"""Written in each job's directory when it ends: status, exit code, error line, overrides, seconds."""
-
-
-class _State:
-    """What the last ``hydra.main`` call left for the caller (the launching process only)."""
-
-    failed_jobs: int = 0
-    flags: list[str] = []  # noqa: RUF012  (Hydra's flags of this command, which trainer.nproc's ranks get too)
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -57,8 +67,6 @@ def _expand_home(override: str) -> str:
     """``hydra.run.dir=~/x`` as an absolute path: Hydra would make a directory named '~'."""
     key, sep, value = override.partition("=")
     if sep and key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and value.strip("'\"").startswith("~"):
-        from rlft.paths import user_path
-
         return f"{key}='{user_path(value.strip(chr(39) + chr(34)))}'"
     return override
 
@@ -70,9 +78,6 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     Raises:
         ConfigError: naming the job when one of a sweep's combinations is wrong.
     """
-    from rlft.config import ConfigError, check_overrides, compose
-    from rlft.sweep import expand
-
     parsed = check_overrides(overrides)
     if not multirun:
         compose(overrides)
@@ -88,9 +93,7 @@ def precheck(overrides: list[str], multirun: bool) -> None:
 
 def run(args: list[str]) -> int:
     """Run ``rlft train ARGS`` through Hydra; returns the exit code."""
-    from rlft.cli import fail, quote_home
-    from rlft.config import ConfigError
-    from rlft.distributed import launched
+    from rlft.distributed import launched  # torch
 
     overrides, flags = split_args(args)
     overrides = [_expand_home(o) for o in quote_home(overrides)]
@@ -102,13 +105,13 @@ def run(args: list[str]) -> int:
     try:
         if not hydra_only:
             precheck(overrides, multirun)
-    except ConfigError as e:
-        return fail(str(e))
+    except RlftError as e:  # a ConfigError: composing is all precheck does
+        return fail(str(e), e.exit_code)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if launched() and not hydra_only:
         overrides = _rank_overrides(overrides)
-    _State.failed_jobs = 0
-    _State.flags = flags
+    JobState.failed_jobs = 0
+    JobState.flags = flags
     saved_argv = sys.argv
     sys.argv = ["rlft", *flags, *overrides]  # Hydra's completion script registers for argv[0]
     try:
@@ -120,19 +123,14 @@ def run(args: list[str]) -> int:
                     "trainer.resume=auto", 130)
     finally:
         sys.argv = saved_argv
-    return 1 if _State.failed_jobs else 0
+    return 1 if JobState.failed_jobs else 0
 
 
 def _rank_overrides(overrides: list[str]) -> list[str]:
     """Under torchrun: join the process group now, so that the ranks can agree on rank 0's run
     directory (``${now:}`` in ``hydra.run.dir`` resolves on each rank at its own second); the other
     ranks give Hydra a scratch directory and write no ``.hydra`` of their own."""
-    import atexit
-    import shutil
-    import tempfile
-
-    from rlft.distributed import from_environment
-    from rlft.launch import without
+    from rlft.distributed import from_environment  # torch
 
     if from_environment().main:
         return overrides
@@ -143,11 +141,6 @@ def _rank_overrides(overrides: list[str]) -> list[str]:
 
 
 def _hydra_main() -> None:
-    import hydra
-
-    from rlft.config import conf_dir
-    from rlft.config.loading import register_schema
-
     register_schema()
     hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(task)()
 
@@ -160,14 +153,10 @@ def task(raw: Any) -> float:
         The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
         such as Optuna to optimise.
     """
-    import transformers
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
+    import transformers  # seconds to import, as torch below: only a job needs them
 
     import rlft.trainer  # noqa: F401  (torch's loggers exist before run_log routes them)
-    from rlft.console import run_log
-    from rlft.distributed import from_environment
+    from rlft.distributed import from_environment  # torch
 
     transformers.utils.logging.get_logger("transformers")  # its library logger takes its console handler now
 
@@ -183,16 +172,9 @@ def task(raw: Any) -> float:
 
 def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
     """:func:`task`'s job, with third-party output going to the run's train.log."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from rlft.cli import user_errors
-    from rlft.components import preflight
-    from rlft.config.loading import to_config
-    from rlft.distributed import launched
-    from rlft.launch import final_accuracy
-    from rlft.rewards import RewardError
-    from rlft.trainer import train
+    from rlft.components import preflight  # torch
+    from rlft.distributed import launched  # torch
+    from rlft.trainer import train  # torch
 
     hc = HydraConfig.get()
     status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,
@@ -206,9 +188,8 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
         _check_nproc(cfg.trainer.nproc)
         metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
         result = final_accuracy(metrics)
-    except (user_errors() + (RewardError,)) as e:
-        code = 1 if isinstance(e, RewardError) and not isinstance(e, user_errors()) else 2
-        status.update(status="failed", exit_code=code, error=str(e))
+    except RlftError as e:  # any of them: its one line, its class's exit code
+        status.update(failed(e))
         result = math.nan
     except Exception as e:
         if not (dp.active and _peer_lost(e)):
@@ -220,7 +201,7 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
         status.update(status="interrupted", exit_code=130, **({"error": f"interrupted{why}"} if why else {}))
         if not dp.main:
             raise SystemExit(130) from None
-        _write_status(run_dir, status, t0)
+        write_status(run_dir, status, t0)
         if in_sweep:
             raise  # Ctrl-C stops the whole sweep
         print(f"rlft: error: interrupted{why}; continue with: rlft train ... hydra.run.dir={run_dir} "
@@ -231,7 +212,7 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
             print(f"rlft: error: {status['error']}", file=sys.stderr)
             raise SystemExit(status["exit_code"])
         return result
-    _write_status(run_dir, status, t0)
+    write_status(run_dir, status, t0)
     if status["status"] != "ok":
         where = f"job {hc.job.num} ({run_dir}) failed: " if in_sweep else ""
         print(f"rlft: error: {where}{status['error']}", file=sys.stderr)
@@ -240,16 +221,8 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
     return result
 
 
-def _write_status(run_dir: Path, status: dict[str, Any], t0: float) -> None:
-    status["seconds"] = round(time.perf_counter() - t0, 1)
-    status["ended"] = time.time()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / JOB_STATUS).write_text(json.dumps(status, indent=1) + "\n")
-
-
 def _check_nproc(nproc: int) -> None:
-    from rlft.config import ConfigError
-    from rlft.distributed import launched
+    from rlft.distributed import launched  # torch
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if launched() and nproc not in (1, local):
@@ -260,7 +233,7 @@ def _check_nproc(nproc: int) -> None:
 def _peer_lost(e: BaseException) -> str:
     """What happened when a collective failed because another rank is gone (its error, kill -9, a lost
     node) or stopped answering (trainer.dist_timeout_s passed); '' for any other error."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # (seconds)
 
     text = str(e)
     timeouts = ("Timed out waiting", "timed out in blocking wait", "Watchdog caught collective operation timeout")
@@ -278,13 +251,11 @@ def _first_line(e: BaseException) -> str:
 def _run_ranks(nproc: int, overrides: list[str], run_dir: Path, in_sweep: bool, status: dict[str, Any],
                t0: float) -> float:
     """``trainer.nproc=N``: this job's N ranks through torch's launcher (rlft.launch); rank 0 writes job.json."""
-    from rlft.launch import launch, rank_args, rank_status
-
-    code, result = launch(nproc, rank_args(overrides, _State.flags, run_dir), run_dir)
+    code, result = launch(nproc, rank_args(overrides, JobState.flags, run_dir), run_dir)
     if not rank_status(run_dir):
         status.update(status="ok" if code == 0 else "failed", exit_code=code,
                       error="" if code == 0 else f"a rank exited with code {code}")
-        _write_status(run_dir, status, t0)
+        write_status(run_dir, status, t0)
     if code == 0:
         return result
     if code in (130, 143) and in_sweep:  # Ctrl-C / SIGTERM stops the whole sweep, as without trainer.nproc

@@ -26,6 +26,8 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from rlft.errors import CheckpointError
+
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
 _NAME = re.compile(r"^step_(\d{6,})$")
@@ -34,10 +36,6 @@ FAULT_DELAY_ENV = "RLFT_FAULT_SAVE_DELAY"
 # ... and between a re-saved step's new copy taking its place and the previous copy's removal.
 FAULT_SWAP_DELAY_ENV = "RLFT_FAULT_SWAP_DELAY"
 _LEFTOVER = re.compile(r"^\.(?:tmp|old)-step_\d{6,}-(\d{1,9})$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the CLI prints it on one line."""
 
 
 def step_dir_name(step: int) -> str:

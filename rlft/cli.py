@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rlft.errors import CheckpointError, ConfigError, DataError, ModelError, RlftError, fail
+from rlft.paths import quote_home, user_path
+
+# The commands' own modules are imported inside the functions that run them: Hydra, torch and
+# transformers take seconds to import, and `rlft --help` or a bad argument needs none of them.
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,35 +40,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    """Problems with the user's config, data, model or checkpoint: one line and exit 2, no traceback."""
-    from rlft.checkpoint import CheckpointError
-    from rlft.config import ConfigError
-    from rlft.data import DataError
-    from rlft.models import ModelError
-
+    """Problems with the user's config, data, model or checkpoint: one line and exit 2, no traceback
+    (every :class:`rlft.errors.RlftError` is one line, with its class's exit code)."""
     return ConfigError, DataError, ModelError, CheckpointError
 
 
-_HOME_VALUE = re.compile(r"([^=\s'\"]+)=(~[^'\",\[\](){}\\]*)")
-
-
-def quote_home(overrides: list[str]) -> list[str]:
-    """KEY=~/PATH as KEY='~/PATH': Hydra's grammar rejects an unquoted '~', and user paths expand it."""
-    return [f"{m[1]}='{m[2]}'" if (m := _HOME_VALUE.fullmatch(o)) else o for o in overrides]
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"rlft: error: {message}", file=sys.stderr)
-    return code
-
-
 def cmd_export(checkpoint: str, out_dir: str, adapter_only: bool) -> int:
-    from rlft.export import export
+    from rlft.export import export  # torch, transformers
 
     try:
         used = export(checkpoint, out_dir, adapter_only)
-    except user_errors() as e:
-        return fail(str(e))
+    except RlftError as e:
+        return fail(str(e), e.exit_code)
     print(f"exported {used} -> {out_dir}" + (" (adapter only)" if adapter_only else " (merged model)"))
     return 0
 
@@ -74,11 +66,9 @@ def default_eval_out(checkpoint: Path | None) -> Path:
 
 
 def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -> int:
-    from rlft.config import compose
-    from rlft.evaluation import run_eval, write_result
-    from rlft.export import checkpoint_config, find_checkpoint
-    from rlft.paths import user_path
-    from rlft.rewards import RewardError
+    from rlft.config import compose  # Hydra
+    from rlft.evaluation import run_eval, write_result  # torch, transformers
+    from rlft.export import checkpoint_config, find_checkpoint  # torch
 
     path, overrides = None, list(args)
     if overrides and ("=" not in overrides[0] or user_path(overrides[0]).exists()):
@@ -94,20 +84,14 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -
             return fail(f"--out {target} is a directory: give a file name")
         cfg = checkpoint_config(checkpoint, overrides) if checkpoint else compose(overrides)[0]
         result = run_eval(cfg, checkpoint, samples)
-    except user_errors() as e:
-        return fail(str(e))
-    except RewardError as e:
-        return fail(str(e), 1)
+    except RlftError as e:
+        return fail(str(e), e.exit_code)
     write_result(result, target)
     _print_result(result, str(target))
     return 0
 
 
 def _print_result(result: dict, out: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
     table = Table(title=Text(f"{result['model']}: {result['problems']} problems"))  # a path is text, not markup
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -133,15 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # Hydra parses the rest: every Hydra flag works as documented
         rest = argv[1:]
         if {"-h", "--help"} & set(rest):
-            from rlft.config import ConfigError
-            from rlft.help import train_help
+            from rlft.help import train_help  # Hydra
 
             try:
                 print(train_help(rest))
-            except ConfigError as e:
-                return fail(str(e))
+            except RlftError as e:  # a ConfigError
+                return fail(str(e), e.exit_code)
             return 0
-        from rlft.app import run
+        from rlft.app import run  # Hydra
 
         return run(rest)
     args = _parser().parse_args(argv)

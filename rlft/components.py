@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlft.config import ConfigError
 from rlft.data import Task, build_task
 from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.distributed import SINGLE, DataParallel, local_rank
+from rlft.errors import ConfigError
 from rlft.learner import build_optimizer
 from rlft.models import Policy, build_policy
 from rlft.models.critic import Critic, build_critic
@@ -26,7 +26,10 @@ from rlft.models.loading import quiet_libraries
 from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
 from rlft.rewards import resolve_reward
-from rlft.rewards.judges import build_judges, check_judges
+from rlft.rewards.judges import check_judge_model
+from rlft.rewards.models import check_reward_model
+from rlft.rewards.normalize import RunningMoments
+from rlft.rewards.scorer import Scorer, build_scorers, gold_name
 from rlft.samplers import Sampler, build_sampler
 from rlft.sharding import shard_decoder
 
@@ -52,8 +55,10 @@ class Components:
     """Training batches drawn so far (dynamic sampling draws several per step)."""
     dp: DataParallel = field(default=SINGLE)
     """This process's place among the data-parallel ranks."""
-    scorers: list[Any] = field(default_factory=list)
-    """Model scorers mixed into the reward beside reward.fns (reward.judges: rlft.rewards.judges)."""
+    scorers: list[Scorer] = field(default_factory=list)
+    """What the reward is the weighted sum of: reward.fns, then reward.models, then reward.judges (loaded once)."""
+    gold: Scorer | None = None
+    """reward.gold's checker, logged beside the learned scorers and never in the reward (None: off)."""
 
 
 def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = SINGLE) -> Components:
@@ -79,8 +84,11 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler))  # counts: task.dropped
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
-    scorers = build_judges(cfg, precision.dtype, device)
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
+    # Loading reward models and judges may draw random numbers (weights it initialises, model=tiny's seed):
+    # the run's random stream stays as without them.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        scorers, gold = build_scorers(cfg, device, precision.dtype)
     if cfg.trainer.strategy == "fsdp2":
         shard_decoder(policy.model, device, dp)
     total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
@@ -88,7 +96,7 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
-                      scorers=scorers)
+                      scorers=scorers, gold=gold)
 
 
 def preflight(cfg: Config, world: int) -> None:
@@ -98,10 +106,14 @@ def preflight(cfg: Config, world: int) -> None:
     Raises:
         ConfigError: saying what to change (RewardNameError for a reward that does not resolve).
         RewardError: importing a user's reward module raised.
+        ModelError: a reward model or judge path that is not the right kind of model.
     """
-    for name in cfg.reward.fns:
+    for name in [*cfg.reward.fns, *filter(None, [gold_name(cfg)])]:
         resolve_reward(name)
-    check_judges(cfg)
+    for m in cfg.reward.models:
+        check_reward_model(m)
+    for i, j in enumerate(cfg.reward.judges):
+        check_judge_model(j.model, f"reward.judges[{i}].model")
     if cfg.trainer.num_prompts % world:
         raise ConfigError(f"trainer.num_prompts={cfg.trainer.num_prompts} must be a multiple of the {world} ranks "
                           "(each rank samples whole groups)")
@@ -119,6 +131,8 @@ class AlgoState:
 
     penalty_beta: float
     kl_coef: float
+    reward_moments: RunningMoments = field(default_factory=RunningMoments)
+    """Running statistics of the total reward (``reward.normalize``)."""
 
 
 def seed_everything(seed: int) -> None:

@@ -18,6 +18,7 @@ and leaves the progress bars on.
 from __future__ import annotations
 
 import faulthandler
+import importlib.util
 import logging
 import os
 import sys
@@ -81,8 +82,6 @@ def _from_user_code(record: logging.LogRecord) -> bool:
 def user_code(fns: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(paths, names)`` of the top-level modules that ``reward.fns``' dotted paths name (built-ins:
     none). Found without importing them: a folder (with a separator at the end) or a file each."""
-    import importlib.util
-
     paths: list[str] = []
     names = sorted({str(fn).partition(":")[0].split(".")[0] for fn in fns if ":" in str(fn)})
     for name in names:

@@ -79,7 +79,7 @@ class DataParallel:
         it, gloo raises "Timed out waiting ...", NCCL (blocking wait, see :func:`from_environment`)
         aborts the communicator and raises; the rank then reports on one line (rlft.app)."""
         if self.active:
-            from torch.distributed.distributed_c10d import _set_pg_timeout
+            from torch.distributed.distributed_c10d import _set_pg_timeout  # private to torch: only when used
 
             _set_pg_timeout(timedelta(seconds=seconds))
 

@@ -7,13 +7,22 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlft.data import build_task
 from rlft.data.chat import drop_long_prompts, problem_ids, prompt_room
-from rlft.data.tasks import DataError, Problem
+from rlft.data.tasks import Problem
 from rlft.distributed import SINGLE, DataParallel
+from rlft.errors import DataError
+from rlft.models import build_policy
+from rlft.models.device import resolve_device
+from rlft.models.loading import quiet_libraries
+from rlft.models.precision import resolve as resolve_precision
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
 from rlft.rewards.registry import Sample
-from rlft.samplers import Sampler, SamplingParams
+from rlft.rewards.scorer import eval_reward
+from rlft.rollout import prompt_seeds
+from rlft.run_state import load_policy_weights, trained_dtype
+from rlft.samplers import Sampler, SamplingParams, build_sampler, sync_sampler
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -21,7 +30,8 @@ if TYPE_CHECKING:
 
 def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
                 params: SamplingParams) -> tuple[list[list[bool]], int]:
-    """Sample ``params.n`` completions per problem and judge each with the first reward function (> 0.5).
+    """Sample ``params.n`` completions per problem and judge each (> 0.5) with :func:`eval_reward`'s function:
+    ``reward.gold``'s checker when there is one, else the first reward function.
 
     Returns:
         Per problem, one bool per completion; and the number of completion tokens.
@@ -30,19 +40,23 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
     gens = sampler.generate(prompts, params)
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     samples = [
-        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut, problems[i].columns)
+        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut, problems[i].columns, problems[i].messages)
         for i, t, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
     ]
-    _, per_fn = score_samples(cfg.reward.fns[:1], [1.0], samples, cfg.sampler.max_new_tokens, call_policy(cfg.reward))
+    judge = eval_reward(cfg)
+    if judge is None:
+        raise DataError("evaluation needs a rule-based reward to judge correctness: set reward.gold=FN, "
+                        "or put one in reward.fns")
+    _, per_fn = score_samples([judge], [1.0], samples, cfg.sampler.max_new_tokens, call_policy(cfg.reward))
     out: list[list[bool]] = [[] for _ in problems]
-    for i, s in zip(gens.prompt_index, per_fn[cfg.reward.fns[0]]):
+    for i, s in zip(gens.prompt_index, per_fn[judge]):
         out[i].append(s > 0.5)
     return out, gens.num_tokens
 
 
 def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
              dp: DataParallel = SINGLE) -> dict[str, float]:
-    """Greedy accuracy (the first reward function, usually correctness, > 0.5) on ``problems``.
+    """Greedy accuracy (``reward.gold``, else the first reward function, > 0.5) on ``problems``.
 
     Under data parallelism each rank evaluates a contiguous share and the counts are summed.
 
@@ -68,8 +82,6 @@ def sampled_params(cfg: Config, num_problems: int, samples: int) -> SamplingPara
     """Evaluation's sampling settings: a seed per problem, spaced as training's (``prompt_seeds``), so
     that no two samples share vLLM's per-request noise (one seed for every prompt gave sample j of
     every problem the same seed)."""
-    from rlft.rollout import prompt_seeds
-
     s = cfg.sampler
     return SamplingParams(n=samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           max_new_tokens=s.max_new_tokens, seed=cfg.seed,
@@ -88,15 +100,9 @@ def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], 
 
 def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, Any]:
     """Evaluate the base model named by ``cfg.model`` or, given one, a checkpoint's policy."""
-    from rlft.data import build_task
-    from rlft.models import build_policy
-    from rlft.models.device import resolve_device
-    from rlft.models.loading import quiet_libraries
-    from rlft.models.precision import resolve as resolve_precision
-    from rlft.run_state import load_policy_weights, trained_dtype
-    from rlft.samplers import build_sampler, sync_sampler
-
     quiet_libraries()
+    if eval_reward(cfg) is None:
+        raise DataError("nothing judges correctness: reward.fns is empty and reward.gold is off; set reward.gold=FN")
     task = build_task(cfg.data, cfg.seed)
     problems = task.eval_problems
     if not problems:

@@ -11,6 +11,8 @@ import torch
 
 from rlft import checkpoint as ckpt
 from rlft.config import Config, compose_on
+from rlft.models.loading import load_base, load_tokenizer, quiet_libraries
+from rlft.models.policy import wrap_lora
 from rlft.paths import user_path
 from rlft.run_state import CONFIG, load_policy_weights
 
@@ -33,9 +35,6 @@ def checkpoint_config(path: Path, overrides: list[str] | None = None) -> Config:
 
 def load_merged(path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, object]:
     """The checkpoint's policy as a plain transformers model (adapter merged into the base) and its tokenizer."""
-    from rlft.models.loading import load_base, quiet_libraries
-    from rlft.models.policy import wrap_lora
-
     quiet_libraries()
     cfg = checkpoint_config(path)
     base, tok = load_base(cfg.model, torch.float32, cfg.seed)
@@ -64,8 +63,6 @@ def export(spec: str | Path, out: str | Path, adapter_only: bool = False) -> Pat
             if not (path / "adapter").is_dir():
                 raise ckpt.CheckpointError(f"{path} holds full weights, not a LoRA adapter: export without --adapter-only")
             shutil.copytree(path / "adapter", tmp, dirs_exist_ok=True)
-            from rlft.models.loading import load_tokenizer
-
             load_tokenizer(checkpoint_config(path).model).save_pretrained(tmp)
         else:
             model, tok = load_merged(path)

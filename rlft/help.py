@@ -8,7 +8,15 @@ import inspect
 import typing
 from functools import cache
 
-from rlft.config.loading import field_type
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlft.app import split_args
+from rlft.config import ALGO_SECTIONS, GROUPS, Config, group_options
+from rlft.config.loading import compose_node, field_type
+from rlft.errors import ConfigError
+from rlft.paths import quote_home
+from rlft.sweep import expand
 
 USAGE = """usage: rlft train [KEY=VALUE ...] [-m] [HYDRA FLAGS]
 
@@ -47,10 +55,6 @@ def train_help(args: list[str]) -> str:
     Raises:
         ConfigError: no such section, or overrides that do not compose.
     """
-    from rlft.app import split_args
-    from rlft.cli import quote_home
-    from rlft.config import GROUPS, Config, ConfigError, group_options
-
     sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(field_type(Config, f.name))]
     words, _ = split_args(args)
     topic = next((w for w in words if "=" not in w), None)
@@ -65,8 +69,6 @@ def train_help(args: list[str]) -> str:
 
 def _first_job(overrides: list[str]) -> list[str]:
     """The overrides of a sweep's first job (those of a single run unchanged)."""
-    from rlft.sweep import expand
-
     fixed, combos = expand(overrides)
     return fixed + combos[0]
 
@@ -74,8 +76,6 @@ def _first_job(overrides: list[str]) -> list[str]:
 def section_help(name: str, overrides: list[str] | None = None) -> str:
     """Each key of a config section, its value in the config composed with ``overrides`` and its
     docstring; algo's keys by algorithm."""
-    from rlft.config import ALGO_SECTIONS, GROUPS, Config, group_options
-
     cls = field_type(Config, name)
     lines = [f"{name}: {(cls.__doc__ or '').strip().splitlines()[0]}" if _own_doc(cls) else f"{name}:"]
     if name in GROUPS:
@@ -98,12 +98,6 @@ def composed_values(name: str, overrides: list[str]) -> dict[str, typing.Any]:
     Raises:
         ConfigError: overrides that do not compose.
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from rlft.config import ConfigError
-    from rlft.config.loading import compose_node
-
     node, _ = compose_node(overrides)
     try:
         return OmegaConf.to_container(node[name], resolve=True, throw_on_missing=False)  # type: ignore[return-value]

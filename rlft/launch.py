@@ -5,13 +5,16 @@ the job's overrides and its run directory. The job waits for them and takes thei
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
+
+from rlft.errors import how_it_ended
+from rlft.jobs import JOB_STATUS, read_status
+from rlft.tracking import read_metrics
 
 # Flags that name the config to compose; each rank needs them too.
 CONFIG_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
@@ -37,11 +40,10 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
     Returns:
         The exit code (0, or the code of the rank that failed first) and the final ``eval/accuracy`` (NaN if none).
     """
+    # torch (seconds) only here: rlft.app imports this module before it checks the overrides.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from rlft.rewards.calls import how_it_ended
 
     # The agent passes a signal on and kills the ranks shutdown_timeout s later (30 by default): long
     # enough for a rank to finish its step and for rank 0 to write a checkpoint.
@@ -49,7 +51,7 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, shutdown_timeout=600)
     # As torchrun does, but with this machine's cores split over the ranks rather than 1 thread each.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    (run_dir / "job.json").unlink(missing_ok=True)  # an earlier attempt's status is not this one's
+    (run_dir / JOB_STATUS).unlink(missing_ok=True)  # an earlier attempt's status is not this one's
     try:
         elastic_launch(config, sys.executable)(*args)
         code = 0
@@ -65,8 +67,6 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
 
 
 def _final_accuracy(run_dir: Path) -> float:
-    from rlft.tracking import read_metrics
-
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
     return final_accuracy(records[-1] if records else {})
 
@@ -79,7 +79,4 @@ def final_accuracy(metrics: dict[str, Any]) -> float:
 
 def rank_status(run_dir: Path) -> dict[str, Any]:
     """The job.json rank 0 wrote (empty when it wrote none)."""
-    try:
-        return json.loads((run_dir / "job.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_status(run_dir)

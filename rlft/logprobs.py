@@ -40,7 +40,7 @@ def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
     """
     if model.training and getattr(model, "is_gradient_checkpointing", False):
         return _whole_rows_hidden(model, batch)
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers: seconds to import, only with a model
 
     decoder, dev = model.get_decoder(), batch.device
     prompt_ids, prompt_mask, slot = _distinct_prompts(batch)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from rlft import run_state
 from rlft.distributed import DataParallel
 from rlft.plots import plot_run
@@ -117,6 +119,4 @@ def _row_step(line: str) -> float:
 def _as_dict(resolved_yaml: str | None) -> dict:
     if not resolved_yaml:
         return {}
-    import yaml
-
     return json.loads(json.dumps(yaml.safe_load(resolved_yaml)))

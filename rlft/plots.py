@@ -8,6 +8,9 @@ from typing import Any
 from rlft.tracking import read_metrics
 
 PANELS = (("reward/mean", "reward (train batch mean)"), ("eval/accuracy", "eval accuracy (greedy)"))
+# With reward models: their weighted score against the rule-based checker's, on one panel (over-optimisation
+# shows as the two parting).
+GOLD_PANEL = (("reward/model", "reward/gold"), "reward model vs gold checker (train batch mean)")
 
 
 def wall_minutes(records: list[dict[str, Any]]) -> list[float]:
@@ -26,18 +29,24 @@ def _series(records: list[dict[str, Any]], key: str, x: str = "step") -> tuple[l
 
 
 def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path, x: str = "step") -> Path:
-    import matplotlib
+    import matplotlib  # seconds to import: only when a plot is drawn
 
     matplotlib.use("Agg")  # files only; no display here
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg")
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
-    for ax, (key, label) in zip(axes, PANELS):
+    gold = any(k in r for records in runs.values() for r in records for k in GOLD_PANEL[0])
+    panels = [((key,), label) for key, label in PANELS] + ([GOLD_PANEL] if gold else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (keys, label) in zip(axes, panels):
         for name, records in runs.items():
-            xs, ys = _series(records, key, x)
-            if xs:
-                ax.plot(xs, ys, marker="o" if len(xs) < 20 or key == "eval/accuracy" else None, markersize=3,
-                        label=name)
+            for key in keys:
+                xs, ys = _series(records, key, x)
+                if xs:
+                    ax.plot(xs, ys, marker="o" if len(xs) < 20 or key == "eval/accuracy" else None, markersize=3,
+                            linestyle="--" if key == "reward/gold" else "-",
+                            label=name if len(keys) == 1 else f"{name} {key.split('/')[-1]}")
+        if len(keys) > 1 and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         ax.set_xlabel("step" if x == "step" else "minutes (training + eval)")
         ax.set_title(label)
         ax.grid(alpha=0.3)
@@ -51,7 +60,8 @@ def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path, x: str
 
 
 def plot_run(run_dir: Path) -> Path:
-    """``run_dir/plots.png``: reward and eval accuracy against step, from metrics.jsonl."""
+    """``run_dir/plots.png``: reward and eval accuracy against step, from metrics.jsonl (and reward/model
+    against reward/gold when the run logged them)."""
     return _figure({run_dir.name: read_metrics(run_dir / "metrics.jsonl")}, str(run_dir), run_dir / "plots.png")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from rlft.errors import ConfigError
+
 F = TypeVar("F", bound=Callable)
 
 
@@ -33,8 +35,6 @@ class Registry:
     def check(self, name: str, key: str) -> None:
         """Raise ConfigError naming ``key`` and the valid choices if ``name`` is unknown."""
         if name not in self._fns:
-            from rlft.config import ConfigError
-
             raise ConfigError(f"{key}='{name}' is not a known {self.kind}; valid choices: {', '.join(self.names())}")
 
     def get(self, name: str) -> Callable:

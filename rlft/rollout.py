@@ -11,7 +11,6 @@ whatever the world size.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +23,9 @@ from rlft.batch import RolloutBatch, pack
 from rlft.data import Problem
 from rlft.data.chat import problem_ids
 from rlft.distributed import SINGLE, DataParallel
-from rlft.rewards import score_samples
-from rlft.rewards.calls import call_policy
-from rlft.rewards.registry import Sample, add_scorers
+from rlft.rewards.normalize import shape_rewards
+from rlft.rewards.registry import Sample
+from rlft.rewards.scorer import Scorer, score_all
 from rlft.samplers import Generations, Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -80,10 +79,16 @@ class _Round:
     prompts: list[list[int]]
     gens: Generations
     task_scores: Tensor
+    """The scorers' total: raw on a rank, shaped (reward.normalize, reward.clip) once merged."""
     scores: Tensor
+    """What the step trains on: the shaped total plus DAPO's overlong punishment (set once merged)."""
     per_fn: dict[str, list[float]]
+    counts: dict[str, float]
+    """Logged events by name (``rm/truncated``, ``clipped``), summed over ranks."""
     generate_s: float
     reward_s: float
+    raw: Tensor | None = None
+    """The unshaped total, kept once shaped (for reward/raw_mean)."""
 
 
 @dataclass
@@ -100,29 +105,40 @@ class _KeptRow:
     """The sampler's log-probs of the completion tokens (None: it reports none)."""
 
 
-def _sample_round(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config, cursor: int,
-                  indices: range, scorers: Sequence[Any] = ()) -> _Round:
+def _sample_round(sampler: Sampler, tokenizer: Any, scorers: list[Scorer], gold: Scorer | None, problems: list[Problem],
+                  cfg: Config, cursor: int, indices: range) -> _Round:
     prompts = [problem_ids(tokenizer, p, cfg.data) for p in problems]
     t0 = time.perf_counter()
     gens = sampler.generate(prompts, sampling_params(cfg, cursor, indices))
     t1 = time.perf_counter()
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     samples = [
-        Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut, problems[i].columns)
+        Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut, problems[i].columns, problems[i].messages)
         for i, text, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
     ]
-    totals, per_fn = score_samples(cfg.reward.fns, cfg.reward.weights, samples, cfg.sampler.max_new_tokens,
-                                   call_policy(cfg.reward))
-    totals = add_scorers(totals, per_fn, scorers, samples)  # reward.judges
-    task_scores = torch.tensor(totals, dtype=torch.float32)
-    scores = task_scores
-    a = cfg.algo
-    if a.overlong_penalty:
+    scored = score_all(scorers, samples, gold)
+    per_fn = scored.per_name
+    if cfg.algo.overlong_penalty:
         lengths = torch.tensor([len(c) for c in gens.completion_ids])
-        penalty = soft_overlong_penalty(lengths, cfg.sampler.max_new_tokens, a.overlong_cache)
-        scores = task_scores + a.overlong_penalty_factor * penalty
-        per_fn["overlong_penalty"] = penalty.tolist()
-    return _Round(prompts, gens, task_scores, scores, per_fn, t1 - t0, time.perf_counter() - t1)
+        per_fn["overlong_penalty"] = soft_overlong_penalty(lengths, cfg.sampler.max_new_tokens,
+                                                           cfg.algo.overlong_cache).tolist()
+    totals = torch.tensor(scored.totals, dtype=torch.float32)
+    return _Round(prompts, gens, totals, totals, per_fn, dict(scored.counts), t1 - t0, time.perf_counter() - t1)
+
+
+def _shape(r: _Round, c: Components, cfg: Config) -> _Round:
+    """The merged round's totals whitened and clipped (the same on every rank: all ranks' scores, in
+    one order), then DAPO's overlong punishment added."""
+    rc = cfg.reward
+    r.raw = r.task_scores
+    r.task_scores, clipped = shape_rewards(r.task_scores, c.state.reward_moments, rc.normalize, rc.clip)
+    if rc.clip > 0:
+        r.counts["clipped"] = float(clipped)
+    r.scores = r.task_scores
+    if cfg.algo.overlong_penalty:
+        penalty = torch.tensor(r.per_fn["overlong_penalty"], dtype=torch.float32)
+        r.scores = r.task_scores + cfg.algo.overlong_penalty_factor * penalty
+    return r
 
 
 def _merge(parts: list[_Round]) -> _Round:
@@ -140,6 +156,7 @@ def _merge(parts: list[_Round]) -> _Round:
     return _Round([x for p in parts for x in p.prompts], gens, torch.cat([p.task_scores for p in parts]),
                   torch.cat([p.scores for p in parts]),
                   {k: [v for p in parts for v in p.per_fn[k]] for k in parts[0].per_fn},
+                  {k: sum(p.counts.get(k, 0) for p in parts) for k in parts[0].counts},
                   max(p.generate_s for p in parts), max(p.reward_s for p in parts))
 
 
@@ -157,9 +174,9 @@ def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Ro
     kept = 0
     while True:
         problems = c.task.batch(c.cursor, want)
-        own = _sample_round(c.sampler, c.policy.tokenizer, problems[mine.start : mine.stop], cfg, c.cursor, mine,
-                            c.scorers)
-        r = _merge(dp.all_gather(own))
+        own = _sample_round(c.sampler, c.policy.tokenizer, c.scorers, c.gold, problems[mine.start : mine.stop], cfg,
+                            c.cursor, mine)
+        r = _shape(_merge(dp.all_gather(own)), c, cfg)
         c.cursor += 1
         seen.append(r)
         group_ids = torch.tensor(r.gens.prompt_index)
@@ -175,6 +192,8 @@ def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Ro
         if not a.dynamic_sampling or kept == want or len(seen) >= a.max_sampling_rounds:
             break
     metrics = _rollout_metrics(seen)
+    if cfg.reward.normalize or cfg.reward.clip > 0:
+        metrics.update(_shaping_metrics(seen, c, cfg))
     if a.dynamic_sampling:
         sampled = len(seen) * want
         metrics.update({"dynamic/rounds": float(len(seen)), "dynamic/kept_frac": float(kept) / sampled,
@@ -239,4 +258,19 @@ def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
         values = np.array([v for r in rounds for v in r.per_fn[name]], dtype=float)
         if not np.isnan(values).all():
             out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)]))
+    for name in rounds[0].counts:
+        out[f"reward/{name}_frac"] = sum(r.counts[name] for r in rounds) / len(lengths)
+    return out
+
+
+def _shaping_metrics(rounds: list[_Round], c: Components, cfg: Config) -> dict[str, float]:
+    """With reward.normalize or reward.clip: the total before shaping, and the running statistics."""
+    rc, out = cfg.reward, {}
+    raw = torch.cat([r.raw for r in rounds if r.raw is not None])
+    raw = raw[raw.isfinite()].double()
+    if raw.numel():
+        out["reward/raw_mean"] = float(raw.mean())
+    if rc.normalize:
+        m = c.state.reward_moments
+        out.update({"reward/running_mean": m.mean, "reward/running_std": m.std})
     return out

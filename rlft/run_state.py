@@ -2,8 +2,9 @@
 
 Saved: the trainable weights (policy adapter or full weights, critic), optimizer and
 scheduler state, every random state (python, numpy, torch, the mini-batch shuffler), the
-data position, the adapted algorithm coefficients, the step and the resolved config. Under
-LoRA the adapter is also written in peft's own format (``adapter/``) for use outside rlft.
+data position, the adapted algorithm coefficients, the reward's running statistics
+(``reward.normalize``), the step and the resolved config. Under LoRA the adapter is also
+written in peft's own format (``adapter/``) for use outside rlft.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import yaml
 from torch import Tensor
 
 from rlft import checkpoint as ckpt
-from rlft.config import Config, ConfigError
+from rlft.config import Config
 from rlft.config.schemas import HARMFUL, NUMERICS, resume_classes
 from rlft.config.schemas import HARMLESS as HARMLESS  # re-exported: the three classes are read from here
+from rlft.errors import ConfigError
+from rlft.models.critic import CRITIC_ADAPTER
+from rlft.rewards.normalize import RunningMoments
 from rlft.sharding import copy_full_, full_named, like
 
 if TYPE_CHECKING:
@@ -96,7 +101,8 @@ def collect(c: Components) -> tuple[dict[str, dict[str, Tensor]], dict[str, Any]
         "dropped_prompts": list(c.task.dropped),
         "compute_dtype": c.precision.dtype,
         "world_size": dp.world,
-        "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef},
+        "algo": {"penalty_beta": c.state.penalty_beta, "kl_coef": c.state.kl_coef,
+                 "reward_moments": c.state.reward_moments.to_json()},
         "optimizer_param_groups": opt["param_groups"],
         "scheduler": c.scheduler.state_dict(),
         **rng_json,
@@ -150,8 +156,6 @@ def _peft_writer(model: Any, weights: dict[str, Tensor]) -> Any:
 
 def load_policy_weights(model: Any, path: Path) -> None:
     """Copy a checkpoint's policy weights (not its critic's) into a model built like the trained one."""
-    from rlft.models.critic import CRITIC_ADAPTER
-
     saved = {k.removeprefix("policy/"): v for k, v in ckpt.read_tensors(path, WEIGHTS).items()
              if k.startswith("policy/") and f".{CRITIC_ADAPTER}." not in k}
     own = dict(model.named_parameters())
@@ -215,6 +219,7 @@ def apply(c: Components, tensors: dict[str, dict[str, Tensor]], state: dict[str,
     c.cursor = int(state["cursor"])
     c.state.penalty_beta = float(state["algo"]["penalty_beta"])
     c.state.kl_coef = float(state["algo"]["kl_coef"])
+    c.state.reward_moments = RunningMoments.from_json(state["algo"].get("reward_moments", []))  # absent: older
     rng, rng_json = _own_rng(tensors[RNG], state, c.dp.rank)
     torch.set_rng_state(rng["torch"])
     restore_device_rng(rng, c.device)
@@ -257,8 +262,6 @@ def config_changes(saved_yaml: str, current_yaml: str, trained_dtype: str | None
     ``trained_dtype`` is what ``model.dtype=auto`` resolved to in the checkpoint: ``auto`` on
     either side stands for it, so ``auto`` and the dtype it chose are no change.
     """
-    import yaml
-
     old, new = _flatten(yaml.safe_load(saved_yaml) or {}), _flatten(yaml.safe_load(current_yaml) or {})
     for flat in (old, new):
         if trained_dtype and flat.get("model.dtype") == "auto":
@@ -296,8 +299,6 @@ def check_compatible(path: Path, current_yaml: str, world_size: int = 1) -> list
 def trained_dtype(path: Path) -> str | None:
     """The compute dtype a checkpoint was trained in: recorded since ``model.dtype=auto`` exists,
     else its config's explicit value (older checkpoints)."""
-    import yaml
-
     try:
         recorded = ckpt.read_json(path, ckpt.STATE).get("compute_dtype")
     except (OSError, ValueError):  # no trainer state to read: the config is all there is

@@ -24,20 +24,18 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from rlft.distributed import DataParallel
+from rlft.errors import ConfigError
 
 
 def shard_decoder(model: Any, device: torch.device, dp: DataParallel) -> None:
     """``fully_shard`` each decoder layer of ``model`` (a peft or plain causal LM), then the decoder."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     decoder = model.get_decoder()
     if not isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
-        from rlft.config import ConfigError
-
         raise ConfigError(f"trainer.strategy=fsdp2 shards a decoder's `layers`, and {type(decoder).__name__} has "
                           "none (Llama, Qwen, Mistral, Gemma, SmolLM do); use trainer.strategy=ddp")
     mesh = init_device_mesh(device.type, (dp.world,))
@@ -52,8 +50,6 @@ def shard_decoder(model: Any, device: torch.device, dp: DataParallel) -> None:
 
 def is_sharded(model: Any) -> bool:
     """Whether ``model``'s decoder runs under FSDP2 (and so every rank must make the same passes)."""
-    from torch.distributed.fsdp import FSDPModule
-
     get = getattr(model, "get_decoder", None)
     return get is not None and isinstance(get(), FSDPModule)
 

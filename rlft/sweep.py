@@ -10,9 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+from hydra.core.override_parser.types import ValueType
 from hydra.experimental.callback import Callback
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
+from rlft.config import check_overrides
+from rlft.jobs import JOB_STATUS, JobState
 from rlft.paths import user_path
+from rlft.plots import plot_sweep
 from rlft.tracking import read_metrics
 
 SUMMARY_KEYS = ("reward/mean", "eval/accuracy")
@@ -35,10 +43,6 @@ def expand(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
     Returns:
         ``(fixed, combos)``: each combo lists one ``key=value`` per swept key, in the order given.
     """
-    from hydra.core.override_parser.types import ValueType
-
-    from rlft.config import check_overrides
-
     fixed, swept = [], []
     for text, ov in zip(overrides, check_overrides(overrides)):
         if ov.value_type == ValueType.INTERVAL_SWEEP:  # a sweeper draws from it: its lower end stands for it
@@ -56,10 +60,6 @@ class SweepSummary(Callback):
     ``summary.png`` in the sweep directory."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        from rich.console import Console
-
-        from rlft.app import _State
-
         root = user_path(str(config.hydra.sweep.dir))
         jobs = find_jobs(root)
         if not jobs:
@@ -67,17 +67,13 @@ class SweepSummary(Callback):
         console = Console()
         _print_table(summarize(jobs, root), console)
         console.print(f"summary: {root / 'summary.csv'}  plot: {root / 'summary.png'}", markup=False)
-        _State.failed_jobs = sum(j.status != "ok" for j in jobs)
+        JobState.failed_jobs = sum(j.status != "ok" for j in jobs)
 
 
 def find_jobs(root: Path) -> list[Job]:
     """The jobs of a finished sweep: each subdirectory Hydra set up (``.hydra/``), in job order,
     named by the overrides that differ between jobs, with the status its ``job.json`` records
     (a job that died without writing one is "failed (no status)")."""
-    import yaml
-
-    from rlft.app import JOB_STATUS
-
     dirs = [d for d in root.iterdir() if (d / ".hydra" / "overrides.yaml").is_file()] if root.is_dir() else []
     dirs.sort(key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name))
     overrides = [yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or [] for d in dirs]
@@ -96,8 +92,6 @@ def find_jobs(root: Path) -> list[Job]:
 
 def summarize(jobs: list[Job], root: Path) -> list[dict[str, Any]]:
     """``summary.csv`` and ``summary.png`` in ``root``: each job's final reward and accuracy and its status."""
-    from rlft.plots import plot_sweep
-
     rows = []
     for job in jobs:
         records = read_metrics(job.run_dir / "metrics.jsonl")
@@ -117,9 +111,6 @@ def summarize(jobs: list[Job], root: Path) -> list[dict[str, Any]]:
 
 
 def _print_table(rows: list[dict[str, Any]], console: Any) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
     table = Table(title="sweep summary")
     for col in ("job", "status", "steps", "reward/mean", "eval/accuracy", "seconds"):
         table.add_column(col)

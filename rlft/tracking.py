@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ class Tracker:
         self.progress.start()
         self.wandb = None
         if cfg.logger.wandb.enabled:
-            import wandb
+            import wandb  # optional, only with logger.wandb.enabled
 
             w = cfg.logger.wandb
             self.wandb = wandb.init(
@@ -88,8 +89,6 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
 def _wandb_id(run_dir: Path) -> str:
     path = run_dir / "wandb_id.txt"
     if not path.exists():
-        import uuid
-
         path.write_text(uuid.uuid4().hex[:12])
     return path.read_text().strip()
 

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
 from rlft import checkpoint as ckpt
 from rlft import failure, run_state
 from rlft.components import Components, build_components
@@ -21,6 +23,7 @@ from rlft.evaluation import evaluate
 from rlft.learner import update_policy
 from rlft.outputs import Outputs
 from rlft.prepare import adapt_coefficients, prepare_batch
+from rlft.rewards.scorer import eval_reward
 from rlft.rollout import collect_rollout
 from rlft.samplers import sync_sampler
 
@@ -52,7 +55,7 @@ def train(cfg: Config, run_dir: Path, resolved_yaml: str | None = None) -> dict[
     done, snap = start, failure.capture(c)
     with failure.GracefulStop(hold_on_error=dp.active, grace_s=cfg.trainer.stop_grace_s) as stop:
         try:
-            if cfg.trainer.eval_at_start and resume is None and c.task.eval_problems:
+            if cfg.trainer.eval_at_start and resume is None and _evaluates(c, cfg):
                 last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, dp)
                 out.log_step(0, last)
             t_start = time.perf_counter()
@@ -97,12 +100,17 @@ def _check_fresh(run_dir: Path, spec: str) -> None:
 
 def _maybe_evaluate(step: int, c: Components, cfg: Config, metrics: dict[str, float], force: bool = False) -> None:
     every = cfg.trainer.eval_every
-    if not c.task.eval_problems:
+    if not _evaluates(c, cfg):
         return
     if force or step == cfg.trainer.steps or (every > 0 and step % every == 0):
         t0 = time.perf_counter()
         metrics.update(evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, c.dp))
         metrics["time/eval_s"] = time.perf_counter() - t0
+
+
+def _evaluates(c: Components, cfg: Config) -> bool:
+    """Held-out problems, and a rule-based reward to judge them by."""
+    return bool(c.task.eval_problems) and eval_reward(cfg) is not None
 
 
 def _announce(out: Outputs, c: Components, cfg: Config, run_dir: Path, resume: Path | None,
@@ -117,9 +125,14 @@ def _announce(out: Outputs, c: Components, cfg: Config, run_dir: Path, resume: P
     dropped = getattr(c.task, "dropped", (0, 0))
     if any(dropped):
         out.info(f"dropped prompts longer than {c.task.dropped_by}: {dropped[0]} training, {dropped[1]} held-out")
+    out.info("reward: " + " + ".join(s.describe() for s in c.scorers) + (f" | gold: {c.gold.name}" if c.gold else ""))
+    for note in (n for s in c.scorers for n in getattr(s, "notes", [])):
+        out.info(note)
     if not c.task.eval_problems:
         why = "data.num_eval=0" if cfg.data.num_eval == 0 else "the data leaves no held-out rows (set data.eval_path)"
         out.info(f"evaluation skipped: no held-out problems ({why})")
+    elif eval_reward(cfg) is None:
+        out.info("evaluation skipped: no rule-based reward to judge correctness (set reward.gold=FN)")
     if resume is not None:
         out.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
 
@@ -157,6 +170,4 @@ def train_step(step: int, c: Components, cfg: Config, out: Outputs | None = None
 
 
 def _to_yaml(cfg: Config) -> str:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,4 +1,5 @@
-"""Reward and held-out accuracy of one or more runs, against step and against wall-clock.
+"""Reward and held-out accuracy of one or more runs, against step and against wall-clock; for runs with
+reward models, also reward/model against reward/gold (the rule-based checker) on a third panel.
 
     python scripts/plot_runs.py OUT_PREFIX NAME=RUN_DIR [NAME=RUN_DIR ...]
 
@@ -27,10 +28,12 @@ def main() -> int:
         plot_sweep(dirs, prefix.parent / f"{prefix.name}_{x}.png", x=x, title=prefix.name)
     for name, d in dirs.items():
         records = read_metrics(d / "metrics.jsonl")
-        print(f"{name}: step  minutes  greedy_acc  reward")
+        print(f"{name}: step  minutes  greedy_acc  reward  model  gold")
         for r, minutes in zip(records, wall_minutes(records)):
             if "eval/accuracy" in r:
-                print(f"  {r['step']:>4}  {minutes:7.1f}  {r['eval/accuracy']:.3f}  {r.get('reward/mean', float('nan')):.3f}")
+                extra = "".join(f"  {r.get(k, float('nan')):.3f}" for k in ("reward/model", "reward/gold"))
+                print(f"  {r['step']:>4}  {minutes:7.1f}  {r['eval/accuracy']:.3f}  {r.get('reward/mean', float('nan')):.3f}"
+                      + extra)
     return 0
 
 

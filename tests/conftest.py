@@ -34,3 +34,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
             if no_gpu:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def reward_model_dir(tmp_path_factory):
+    """A tiny random reward model (tests.support.write_reward_model), built once per session."""
+    from tests.support import write_reward_model
+
+    path = tmp_path_factory.mktemp("reward_model") / "rm"
+    write_reward_model(path)
+    return path

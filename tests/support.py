@@ -95,3 +95,31 @@ def write_eos_model(path, eos_logit: float = 12.0) -> None:
         model.get_output_embeddings().weight[tok.eos_token_id] = eos_logit * mean / (mean @ mean)
     model.save_pretrained(path)
     tok.save_pretrained(path)
+
+
+def write_reward_model(path, num_labels: int = 1, pad_token: bool = True, seed: int = 0) -> None:
+    """A tiny random-weight ``LlamaForSequenceClassification`` (the tiny model's shape and tokenizer) saved
+    as a local HF directory: a reward model for tests. ``pad_token=False``: its tokenizer and config have
+    no pad token (rlft then pads with EOS)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rlft.config import compose
+    from rlft.models.loading import load_tokenizer
+
+    cfg, _, _ = compose(TINY)
+    tok, t = load_tokenizer(cfg.model), cfg.model.tiny
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_layers, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
+        head_dim=t.hidden_size // t.num_heads, num_labels=num_labels, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id if pad_token else None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForSequenceClassification(config)
+        torch.nn.init.normal_(model.score.weight, std=1.0)  # scores of order 1, not 0.02
+    if not pad_token:
+        tok.pad_token = None
+    model.save_pretrained(path)
+    tok.save_pretrained(path)

@@ -11,10 +11,12 @@ import re
 import pytest
 import torch
 
-from rlft.config import ConfigError, compose
+from rlft.components import preflight
+from rlft.config import compose
 from rlft.config.validation import vllm_available
-from rlft.rewards.judges import JudgeScorer, build_judges, check_judges, judge_model_config
-from rlft.rewards.registry import Sample, add_scorers, score_samples
+from rlft.errors import ConfigError, ModelError
+from rlft.rewards.judges import JudgeScorer, build_judges, judge_model_config
+from rlft.rewards.registry import Sample
 from rlft.rewards.rubric import (
     DEFAULT_TEMPLATES,
     DEFAULT_VERDICTS,
@@ -23,6 +25,7 @@ from rlft.rewards.rubric import (
     parse_score,
     parse_verdict,
 )
+from rlft.rewards.scorer import FunctionScorer, build_scorers, gold_name, score_all
 from rlft.tracking import read_metrics
 from tests.support import ROOT, TINY, one_error_line, run_cli
 
@@ -120,13 +123,39 @@ def _judged(*judge_overrides: str, extra: tuple[str, ...] = ()):
     ("template:'{reply} {score}'", r"unknown placeholder \{score\}"),
     ("kind:rank", r"reward.judges\[0\].kind='rank'; valid choices: score, verdict"),
     ("min_score:5,max_score:5", "min_score=5 must be below max_score=5"),
-    ("model:/no/such/dir", r"reward.judges\[0\].model=/no/such/dir: no such directory"),
-    ("name:math_correct", "already the name of a reward function"),
+    ("name:math_correct", r"its name 'math_correct' \(reward/math_correct\) is taken by another scorer"),
+    ("name:gold", r"its name 'gold' \(reward/gold\) is a metric rlft logs itself; set reward.judges\[0\].name"),
     ("batch_size:0", "batch_size=0 must be at least 1"),
+    ("temperature:-1", "temperature=-1 must be >= 0"),
 ])
-def test_check_judges(judge, expected):
+def test_config_checks_of_a_judge(judge, expected):
     with pytest.raises(ConfigError, match=expected):
-        check_judges(_judged(judge))
+        _judged(judge)
+
+
+def test_names_clash_across_models_and_judges(tmp_path):
+    with pytest.raises(ConfigError, match=r"reward.judges\[1\]: its name 'judge' .* is taken by another scorer"):
+        compose(TINY + ["reward.judges=[{model:tiny},{model:tiny}]"])
+    with pytest.raises(ConfigError, match=r"reward.judges\[0\]: its name 'rm' .* is taken by another scorer"):
+        compose(TINY + [f"reward.models=[{{path:{tmp_path / 'rm'}}}]", "reward.judges=[{model:tiny,name:rm}]"])
+
+
+def test_judges_alone_make_a_reward():
+    """reward.fns may be empty with judges; gold=auto then picks the task's checker, and the countdown
+    task's checker rule is waived as with reward models."""
+    cfg = _judged(extra=("reward.fns=[]", "reward.weights=[]"))
+    assert gold_name(cfg) == "math_correct"
+    assert gold_name(compose(TINY + ["reward.fns=[]", "reward.weights=[]", "reward.models=[{path:x}]"])[0]) == "math_correct"
+    assert gold_name(compose(TINY)[0]) is None
+    countdown = _judged(extra=("data=countdown", "reward.fns=[]", "reward.weights=[]"))
+    assert gold_name(countdown) == "countdown_correct"
+    with pytest.raises(ConfigError, match="reward.fns, reward.models and reward.judges are empty"):
+        compose(TINY + ["reward.fns=[]", "reward.weights=[]"])
+
+
+def test_a_judge_model_that_does_not_exist_is_refused_at_start_up():
+    with pytest.raises(ModelError, match=r"reward.judges\[0\].model=/no/such/dir: no such directory"):
+        preflight(_judged("model:/no/such/dir"), 1)
 
 
 def test_a_model_dir_that_is_not_a_causal_lm(tmp_path):
@@ -134,12 +163,12 @@ def test_a_model_dir_that_is_not_a_causal_lm(tmp_path):
     (tmp_path / "rm" / "config.json").write_text(json.dumps(
         {"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=r"not a causal LM \(LlamaForSequenceClassification\)"):
-        check_judges(_judged(f"model:{tmp_path / 'rm'}"))
-    with pytest.raises(ConfigError, match="not a Hugging Face model directory"):
-        check_judges(_judged(f"model:{tmp_path / 'empty'}"))
+    with pytest.raises(ModelError, match=r"not a causal LM \(LlamaForSequenceClassification\)"):
+        preflight(_judged(f"model:{tmp_path / 'rm'}"), 1)
+    with pytest.raises(ModelError, match="not a Hugging Face model directory"):
+        preflight(_judged(f"model:{tmp_path / 'empty'}"), 1)
     (tmp_path / "rm" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    check_judges(_judged(f"model:{tmp_path / 'rm'}"))
+    preflight(_judged(f"model:{tmp_path / 'rm'}"), 1)
 
 
 SAMPLES = [Sample(f"What is {a} + {b}?", reply, str(a + b), 4, False)
@@ -155,11 +184,27 @@ def tiny_judge():
 
 def test_the_tiny_random_judge_scores_or_leaves_unscored(tiny_judge):
     _, judge = tiny_judge
+    judge.take_counts()
     scores = judge.score(SAMPLES)
-    assert len(scores) == len(SAMPLES) == len(judge.replies) == len(judge.events["unparsed"])
-    for s, unparsed in zip(scores, judge.events["unparsed"]):
-        assert (math.isnan(s) and unparsed) or (0.0 <= s <= 1.0 and not unparsed)
-    assert judge.score([]) == []
+    assert len(scores) == len(SAMPLES) == len(judge.replies)
+    assert all(math.isnan(s) or 0.0 <= s <= 1.0 for s in scores)
+    assert judge.take_counts() == {"unparsed": sum(map(math.isnan, scores))}  # hf: no too_long
+    assert judge.score([]) == [] and judge.take_counts() == {"unparsed": 0}
+    assert judge.kind == "judge" and judge.describe() == "1 x judge (judge tiny, score, hf)"
+
+
+def test_build_scorers_puts_judges_after_the_functions_under_a_forked_random_state():
+    """Loading the judge (model=tiny seeds its weights) leaves the caller's random stream as it was."""
+    cfg = _judged("max_new_tokens:4", extra=("reward.fns=[math_correct,tests.helpers:char_count]",
+                                             "reward.weights=[1,0.5]"))
+    torch.manual_seed(123)
+    scorers, gold = build_scorers(cfg, torch.device("cpu"), "fp32")
+    after = torch.rand(3)
+    torch.manual_seed(123)
+    assert torch.equal(after, torch.rand(3))
+    assert [(s.name, s.kind) for s in scorers] == [("math_correct", "function"), ("tests.helpers:char_count", "function"),
+                                                   ("judge", "judge")]
+    assert gold is not None and gold.name == "math_correct"
 
 
 def test_scores_are_rescaled_and_verdicts_kept(tiny_judge):
@@ -215,31 +260,48 @@ def test_judge_equals_a_by_hand_generate_and_parse(lively_judge):
     word = re.findall(r"(?<!\w)[A-Za-z]{4,}(?!\w)", hand[0])[0]
     verdicts = {word: 1.0}
     judge = JudgeScorer(dataclasses.replace(judge_cfg, verdicts=verdicts, weight=0.5), sampler, tok)
-    scores = judge.score(SAMPLES)
+    alone = score_all([judge], SAMPLES)  # judge-only: an unparsed reply is an unscored sample
     assert judge.replies == hand
     expected = [parse_verdict(h, verdicts) for h in hand]
-    assert [None if math.isnan(s) else s for s in scores] == expected and expected[0] == 1.0
+    assert [None if math.isnan(s) else s for s in alone.per_name["judge"]] == expected and expected[0] == 1.0
+    assert [None if math.isnan(t) else t for t in alone.totals] == [None if j is None else 0.5 * j for j in expected]
+    assert alone.counts == {"judge/unparsed": sum(e is None for e in expected)} and None in expected
+    # reward/model: the judge's weighted share, where it scored
+    assert all((math.isnan(m) and j is None) or m == 0.5 * j for m, j in zip(alone.per_name["model"], expected))
 
-    totals, per_fn = score_samples(["tests.helpers:none_on_odd_length"], [2.0], SAMPLES, 8)
-    mixed = add_scorers(totals, per_fn, [judge], SAMPLES)
-    for fn, j, out in zip(per_fn["tests.helpers:none_on_odd_length"], expected, mixed):
-        want = [x for x in ((2.0 * fn) if not math.isnan(fn) else None, 0.5 * j if j is not None else None)
+    fn = FunctionScorer("tests.helpers:none_on_odd_length", 2.0, 8)
+    mixed = score_all([fn, judge], SAMPLES)
+    for f, j, out in zip(mixed.per_name[fn.name], expected, mixed.totals):
+        want = [x for x in ((2.0 * f) if not math.isnan(f) else None, 0.5 * j if j is not None else None)
                 if x is not None]
         assert (math.isnan(out) and not want) or out == pytest.approx(sum(want))
-    assert per_fn["judge"] == scores and per_fn["judge_unparsed_frac"] == [float(e is None) for e in expected]
+    assert mixed.counts == alone.counts  # take_counts: since the last call, not accumulated
 
 
-def test_training_with_a_judge(tmp_path):
-    """A judge-only reward (the reward function scores nothing): the tiny random judge's unparsed
-    replies are the unscored samples, and the run completes."""
-    proc = run_cli(["train", *TINY, "trainer.steps=1", "reward.fns=[tests.helpers:batched_none]",
-                    f"reward.judges=[{JUDGE}]", f"hydra.run.dir={tmp_path}"], ROOT)
+@pytest.mark.slow  # one training process, ~15 s here
+def test_training_with_a_judge_alone(lively_judge, tmp_path):
+    """A judge-only reward (reward.fns empty), the lively judge from a directory saying one of the
+    verdict words for some replies: an unparsed reply is exactly an unscored sample (NaN score in the
+    rollout log), the judge's scores are the reward and reward/model, the task's checker is gold."""
+    from rlft.models.loading import save_model_dir
+
+    _, model, tok, _ = lively_judge
+    save_model_dir(model, tok, tmp_path / "judge")
+    words = "{floss:1,sociology:0.5,volunteering:0,subconscious:1,jason:0.5,vehicles:0}"
+    proc = run_cli(["train", *TINY, "trainer.steps=1", "reward.fns=[]", "reward.weights=[]", "logger.rollouts=true",
+                    f"reward.judges=[{{model:{tmp_path / 'judge'},template:'Q: {{prompt}} A: {{reply}}',kind:verdict,"
+                    f"verdicts:{words}}}]", f"hydra.run.dir={tmp_path / 'run'}"], ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward/unscored_frac" in r]
-    assert len(rows) == 1
-    for r in rows:
-        assert r["reward/unscored_frac"] == r["reward/judge_unparsed_frac"]
-        assert ("reward/judge" in r) == (r["reward/unscored_frac"] < 1)
+    (r,) = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/unscored_frac" in r]
+    assert 0 < r["reward/judge/unparsed_frac"] < 1, "the judge should parse some replies, not all"
+    assert r["reward/unscored_frac"] == r["reward/judge/unparsed_frac"]
+    assert r["reward/mean"] == r["reward/judge"] == r["reward/model"]
+    assert "reward/gold" in r
+    scores = [json.loads(line)["score"] for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert sum(map(math.isnan, scores)) / len(scores) == r["reward/unscored_frac"]
+    assert {s for s in scores if not math.isnan(s)} <= {0.0, 0.5, 1.0}
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert f"reward: 1 x judge (judge {tmp_path / 'judge'}, verdict, hf) | gold: math_correct" in log
 
 
 def test_a_template_without_reply_is_one_line_at_start_up(tmp_path):
@@ -274,7 +336,7 @@ def test_a_vllm_judge_says_what_the_hf_judge_says(lively_judge):
     vllm = JudgeScorer(judge_cfg, build_sampler(sampler_cfg, model_cfg, model, tok, 0), tok, room)
     got = vllm.score(SAMPLES)
     longest = rubric_lengths.index(max(rubric_lengths))
-    assert vllm.events["too_long"] == [i == longest for i in range(len(SAMPLES))] and math.isnan(got[longest])
+    assert math.isnan(got[longest]) and vllm.take_counts()["too_long"] == 1
     for i, (a, b) in enumerate(zip(hf.replies, vllm.replies)):
         if i != longest:
             assert a == b
@@ -292,7 +354,7 @@ def test_training_with_vllm_policy_and_vllm_judge(tmp_path):
                     f"hydra.run.dir={tmp_path}"], ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward/unscored_frac" in r]
-    assert len(rows) == 3 and all("reward/judge_unparsed_frac" in r and "reward/judge_too_long_frac" in r
+    assert len(rows) == 3 and all("reward/judge/unparsed_frac" in r and "reward/judge/too_long_frac" in r
                                   for r in rows)
     assert rows[0]["grad_norm"] > 0 and rows[-1]["rollout/logp_abs_diff_mean"] < 0.02
 
@@ -317,7 +379,7 @@ def test_resume_is_exact_with_a_judge_from_a_directory(lively_judge, tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
     ma, mb = comparable_metrics(a), comparable_metrics(b)
     assert ma == mb and len(ma) == 5
-    unparsed = [m["reward/judge_unparsed_frac"] for m in ma[1:]]
+    unparsed = [m["reward/judge/unparsed_frac"] for m in ma[1:]]
     assert min(unparsed) < 1, "the judge scored nothing"  # its replies say "Joyce" about half the time
     assert (tmp_path / "a" / "rollouts.jsonl").read_text() == (tmp_path / "b" / "rollouts.jsonl").read_text()
     wa, wb = saved_weights(a, 4), saved_weights(b, 4)

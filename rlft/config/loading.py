@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
-from rlft.config.schemas import GROUPS, Config, ConfigError
+import yaml
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlft.config.schemas import GROUPS, Config
 from rlft.config.validation import validate
+from rlft.errors import ConfigError
 
 EXTRA_GROUPS = ("experiment",)
 """Groups with no schema section of their own: ``+experiment=NAME`` presets set keys anywhere."""
@@ -57,8 +69,6 @@ def _check_key(key: str) -> None:
 
 
 def field_type(cls: type, name: str) -> Any:
-    import typing
-
     return typing.get_type_hints(cls)[name]
 
 
@@ -76,9 +86,6 @@ def check_overrides(overrides: list[str]) -> list[Any]:
     Returns:
         Hydra ``Override`` objects, in order.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as e:
@@ -100,8 +107,6 @@ def check_overrides(overrides: list[str]) -> list[Any]:
 
 def register_schema() -> None:
     """Make the schema available to conf/config.yaml's defaults list (``- rlft_schema``)."""
-    from hydra.core.config_store import ConfigStore
-
     ConfigStore.instance().store(name="rlft_schema", node=Config)
 
 
@@ -111,9 +116,6 @@ def to_config(raw: Any) -> Config:
     Raises:
         ConfigError: a missing value, a wrong type, or a failed cross-field check.
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         missing = sorted(OmegaConf.missing_keys(raw))
         if missing:
@@ -150,12 +152,6 @@ def compose_node(overrides: list[str]) -> tuple[Any, str]:
     Raises:
         ConfigError: on any unknown key, bad choice or wrong type.
     """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     check_overrides(overrides)
     register_schema()
     GlobalHydra.instance().clear()
@@ -181,10 +177,6 @@ def compose_on(saved_yaml: str, overrides: list[str]) -> Config:
     Raises:
         ConfigError: as :func:`compose`.
     """
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     parsed = check_overrides(overrides)
     try:
         node = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(yaml.safe_load(saved_yaml) or {}))
@@ -209,13 +201,9 @@ class _open_struct:
         self.node = node
 
     def __enter__(self) -> None:
-        from omegaconf import OmegaConf
-
         OmegaConf.set_struct(self.node, False)
 
     def __exit__(self, *exc: Any) -> None:
-        from omegaconf import OmegaConf
-
         OmegaConf.set_struct(self.node, True)
 
 

@@ -15,13 +15,12 @@ import dataclasses
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
+from rlft.errors import ConfigError  # noqa: F401  (re-exported: rlft.config.schemas.ConfigError)
+
 GROUPS = ("algo", "model", "sampler", "reward", "data", "logger")
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the CLI prints it on one line and exits 2."""
 
 
 # Resume classes: HARMLESS and NUMERICS changes are allowed and reported; HARMFUL ones refuse the resume.
@@ -263,13 +262,43 @@ class SamplerConfig:
     """vLLM engine settings (sampler=vllm)."""
 
 
+# Metric names the rollout logs itself under reward/: no reward model may take one as its name.
+REWARD_METRICS = ("mean", "std", "raw_mean", "unscored_frac", "overlong_penalty", "model", "gold", "running_mean",
+                  "running_std", "clipped_frac")
+
+
+@dataclass
+class RewardModelConfig:
+    """One reward model of ``reward.models`` (a trained scorer: the reward is its scalar head's output)."""
+
+    path: str = ""
+    """Local Hugging Face sequence-classification directory (one label), e.g. from TRL's RewardTrainer or `rlft rm`;
+    its own tokenizer and chat template render each reply as [user: prompt, assistant: completion]."""
+    weight: float = 1.0
+    """Its weight in the reward's weighted sum (with reward.fns' weights)."""
+    name: str | None = None
+    """Its metric, reward/<name> (None: the directory's name)."""
+    batch_size: int = 16
+    """Replies scored per forward pass (sorted by length, so a batch holds similar lengths)."""
+    max_length: int = 1024
+    """Longest rendered prompt + reply it reads, in its tokens; a longer one keeps its last max_length tokens
+    (where the score is read), counted in reward/<name>/truncated_frac."""
+    dtype: str = "auto"
+    """Weights and compute dtype: bf16, fp32, or auto (the learner's compute dtype, model.dtype as resolved)."""
+
+    @property
+    def label(self) -> str:
+        """Its metric's name: ``name``, else the directory's name."""
+        return self.name or PurePath(self.path.rstrip("/")).name or self.path
+
+
 @dataclass
 class JudgeConfig:
     """A generative judge: a causal LM prompted with a rubric, its greedy reply parsed into a score
     (rlft/rewards/judges.py)."""
 
     name: str = knob("judge", LABEL)
-    """Label of its scores in the metrics (reward/NAME, reward/NAME_unparsed_frac); unique among the judges."""
+    """Label of its scores in the metrics (reward/NAME, reward/NAME/unparsed_frac); unique among the scorers."""
     model: str = knob("smollm2_135m", REWARD)
     """The judge's causal LM: a local Hugging Face model directory, or a name: smollm2_135m (the
     bundled SmolLM2-135M-Instruct) or tiny (random weights, for tests). Runs in the policy's dtype."""
@@ -305,9 +334,23 @@ class JudgeConfig:
 @dataclass
 class RewardConfig:
     fns: list[str] = knob(resume=REWARD, factory=lambda: ["math_correct"])
-    """Built-in reward names or dotted paths 'pkg.module:function'."""
+    """Built-in reward names or dotted paths 'pkg.module:function' (may be [] with reward.models or reward.judges)."""
     weights: list[float] = knob(resume=REWARD, factory=lambda: [1.0])
-    """One weight per function; the reward is the weighted sum."""
+    """One weight per function; the reward is the weighted sum (with reward.models' and reward.judges' weights)."""
+    models: list[RewardModelConfig] = knob(resume=REWARD, factory=list)
+    """Reward models scored on the learner's device without gradients, e.g.
+    reward.models='[{path: /x/rm, weight: 1.0}]' (see RewardModelConfig: path, weight, name, batch_size,
+    max_length, dtype); each rank scores its share of the replies."""
+    normalize: bool = knob(False, REWARD)
+    """Whiten the total reward with its running mean and std over every scored reply so far (all ranks;
+    saved in checkpoints): (r - mean) / (std + 1e-6), the statistics updated with each batch first."""
+    clip: float = knob(0.0, REWARD)
+    """Clip the total reward (after normalize) to [-clip, clip] (0: off)."""
+    gold: str | None = knob("auto", EVAL_ONLY)
+    """A rule-based reward logged beside the models and judges as reward/gold (weight 0: never in the loss) and
+    used for evaluation accuracy: a reward function name; auto: with reward.models or reward.judges, the task's
+    checker (arithmetic: math_correct, gsm8k: gsm8k_correct, countdown: countdown_correct), else none; null or
+    none: off."""
     num_workers: int = knob(0, (HARMLESS, "where reward calls run, not what they return"))
     """Score in this many worker processes (0: in the training process, unless timeout_s needs one)."""
     timeout_s: float = knob(0.0, TIMEOUT)

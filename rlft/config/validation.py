@@ -6,11 +6,14 @@ import importlib.util
 import math
 import re
 
-from rlft.config.schemas import AlgoConfig, Config, ConfigError, ModelConfig
+from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, JudgeConfig, ModelConfig
+from rlft.errors import ConfigError
+from rlft.rewards.rubric import KINDS, check_template
 
 
 def validate(cfg: Config) -> None:
     """Checks that span several fields, each with a message saying what to change."""
+    # torch, seconds: imported here so that a config is composed and checked before torch loads.
     from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
     a, s, t = cfg.algo, cfg.sampler, cfg.trainer
@@ -58,13 +61,15 @@ def validate(cfg: Config) -> None:
     if r.on_timeout is not None and r.timeout_s <= 0:
         raise ConfigError(f"reward.on_timeout={r.on_timeout} scores calls that pass reward.timeout_s, which is 0 "
                           "(no limit): set reward.timeout_s=SECONDS, or drop reward.on_timeout")
-    if len(cfg.reward.fns) == 0:
-        raise ConfigError("reward.fns is empty: name at least one reward function")
+    if len(cfg.reward.fns) == 0 and not cfg.reward.models and not cfg.reward.judges:
+        raise ConfigError("reward.fns, reward.models and reward.judges are empty: name at least one reward function, "
+                          "reward model or judge")
     if len(cfg.reward.weights) != len(cfg.reward.fns):
         raise ConfigError(
             f"reward.weights has {len(cfg.reward.weights)} entries but reward.fns has "
             f"{len(cfg.reward.fns)}: give one weight per function"
         )
+    _check_reward_models(cfg)
     if cfg.model.dtype not in ("auto", "bf16", "fp32"):
         raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: auto, bf16, fp32")
     _check_device(t.device, cfg.model)
@@ -105,7 +110,8 @@ def _check_data(cfg: Config) -> None:
     # Countdown answers are JSON, and math_correct would pay for writing the target alone; GSM8K replies
     # give their answer after "####" or in \boxed{}: with only built-in rewards, one must be the task's
     # own (a user's function may score it its way).
-    builtins_only = all(":" not in f and "." not in f for f in cfg.reward.fns)
+    builtins_only = (all(":" not in f and "." not in f for f in cfg.reward.fns) and not cfg.reward.models
+                     and not cfg.reward.judges)
     for task, fn in (("countdown", "countdown_correct"), ("gsm8k", "gsm8k_correct")):
         if d.name == task and builtins_only and fn not in cfg.reward.fns:
             raise ConfigError(f"data={task} is scored by the {fn} reward, not {list(cfg.reward.fns)}: "
@@ -128,6 +134,57 @@ def _check_data(cfg: Config) -> None:
     if d.system_prompt and not d.chat_template:
         raise ConfigError("data.system_prompt is a chat message, but data.chat_template=false sends raw text: "
                           "drop one of them (or put the text in data.template)")
+
+
+def _check_reward_models(cfg: Config) -> None:
+    """reward.models' and reward.judges' fields, their metric names, and reward.normalize/clip (the paths are
+    checked at start-up, rlft.components.preflight)."""
+    r = cfg.reward
+    if not 0 <= r.clip < math.inf:
+        raise ConfigError(f"reward.clip={r.clip} must be >= 0 (0: off)")
+    names = list(r.fns)
+    for i, m in enumerate(r.models):
+        where = f"reward.models[{i}]"
+        if not m.path:
+            raise ConfigError(f"{where} has no path: give {{path: DIR}} (a sequence-classification model directory)")
+        if m.dtype not in ("auto", "bf16", "fp32"):
+            raise ConfigError(f"{where}.dtype='{m.dtype}'; valid choices: auto, bf16, fp32")
+        if m.batch_size < 1 or m.max_length < 1:
+            raise ConfigError(f"{where}: batch_size={m.batch_size} and max_length={m.max_length} must be at least 1")
+        if not math.isfinite(m.weight):
+            raise ConfigError(f"{where}.weight={m.weight} must be a finite number")
+        if m.label in REWARD_METRICS or m.label in names:
+            taken = "is a metric rlft logs itself" if m.label in REWARD_METRICS else "is taken by another scorer"
+            raise ConfigError(f"{where}: its name '{m.label}' (reward/{m.label}) {taken}; set {where}.name")
+        names.append(m.label)
+    for i, j in enumerate(r.judges):
+        where = f"reward.judges[{i}]"
+        _check_judge(j, where)
+        if j.name in REWARD_METRICS or j.name in names:
+            taken = "is a metric rlft logs itself" if j.name in REWARD_METRICS else "is taken by another scorer"
+            raise ConfigError(f"{where}: its name '{j.name}' (reward/{j.name}) {taken}; set {where}.name")
+        names.append(j.name)
+
+
+def _check_judge(j: JudgeConfig, where: str) -> None:
+    """One judge's fields (its model is checked at start-up: rlft.rewards.judges.check_judge_model)."""
+    if j.kind not in KINDS:
+        raise ConfigError(f"{where}.kind='{j.kind}'; valid choices: {', '.join(KINDS)}")
+    if j.template is not None:
+        check_template(j.template, f"{where}.template")
+    if j.kind == "score" and not j.min_score < j.max_score:
+        raise ConfigError(f"{where}: min_score={j.min_score:g} must be below max_score={j.max_score:g}")
+    if j.kind == "verdict" and j.verdicts is not None and (not j.verdicts or not all(w.strip() for w in j.verdicts)):
+        raise ConfigError(f"{where}.verdicts={dict(j.verdicts)} needs at least one verdict, each a non-empty word")
+    if j.max_new_tokens < 1 or j.batch_size < 1:
+        raise ConfigError(f"{where}: max_new_tokens={j.max_new_tokens} and batch_size={j.batch_size} must be at "
+                          "least 1")
+    if not math.isfinite(j.weight):
+        raise ConfigError(f"{where}.weight={j.weight} must be a finite number")
+    if j.temperature < 0:
+        raise ConfigError(f"{where}.temperature={j.temperature:g} must be >= 0 (0: greedy)")
+    if j.sampler not in ("auto", "hf", "vllm"):
+        raise ConfigError(f"{where}.sampler='{j.sampler}'; valid choices: auto, hf, vllm")
 
 
 def _check_optim(cfg: Config) -> None:
@@ -154,7 +211,7 @@ def _check_optim(cfg: Config) -> None:
 
 def _check_device(device: str, m: ModelConfig) -> None:
     """The learner's device and the attention kernel exist here."""
-    import torch
+    import torch  # as in validate()
 
     if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
         raise ConfigError(f"trainer.device='{device}'; valid choices: auto, cpu, cuda, cuda:N")

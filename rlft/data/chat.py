@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlft.data.problem import DataError, Problem
+from rlft.config.validation import resolve_sampler_name
+from rlft.data.problem import Problem
 from rlft.data.tasks import Task, rows_task
+from rlft.errors import DataError
 
 if TYPE_CHECKING:
     from rlft.config.schemas import DataConfig, SamplerConfig
@@ -102,8 +104,6 @@ def prompt_room(sampler_cfg: SamplerConfig) -> tuple[int, str] | None:
     """The longest prompt the sampler can complete to ``max_new_tokens`` without the engine refusing it
     or cutting the completion short, and what sets it; None when the sampler has no such limit (hf
     generates any length)."""
-    from rlft.config.validation import resolve_sampler_name
-
     if resolve_sampler_name(sampler_cfg.name) != "vllm":
         return None
     total, new = sampler_cfg.vllm.max_model_len, sampler_cfg.max_new_tokens

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlft.data.tasks import _EVAL_SEED, DataError, Problem, Task, check_ops, held_out_task
+from rlft.data.tasks import _EVAL_SEED, Problem, Task, check_ops, held_out_task
+from rlft.errors import DataError
 
 if TYPE_CHECKING:
     from rlft.config.schemas import DataConfig

@@ -14,14 +14,19 @@ Nothing is downloaded: a path that does not exist is an error, never a Hub name.
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
+import lzma
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlft.data.problem import DataError, Problem, check_columns, to_problems
+from rlft.data.problem import Problem, check_columns, to_problems
 from rlft.data.tasks import Task, json_rows, split_eval
+from rlft.errors import DataError
 from rlft.paths import user_path
+from rlft.rewards.gsm8k import parse_gsm8k_answer
 
 if TYPE_CHECKING:
     from rlft.config.schemas import DataConfig
@@ -44,8 +49,6 @@ def hf_task(cfg: DataConfig, seed: int) -> Task:
 
 
 def _gsm8k_answer(text: str) -> str:
-    from rlft.rewards.gsm8k import parse_gsm8k_answer
-
     return parse_gsm8k_answer(text)
 
 
@@ -95,7 +98,7 @@ Split = tuple[list[dict[str, Any]], list[str]]
 
 def _read(p: Path) -> dict[str, Split]:
     """Every split of the data set at ``p``, by name."""
-    import datasets
+    import datasets  # seconds to import; only the hf and gsm8k tasks need it
 
     try:
         with _quiet():
@@ -135,10 +138,6 @@ def _json_rows(p: Path, error: Exception) -> Split:
     (``error``): names the line of invalid JSON or the row that is not an object; or, when each line is
     valid (a column arrow cannot give one type), the rows as read.
     """
-    import bz2
-    import gzip
-    import lzma
-
     opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".json": open, ".jsonl": open}.get(p.suffix.lower())
     if opener is None:
         raise DataError(f"{p}: cannot read it with the datasets library ({type(error).__name__}: {_first(error)})")
@@ -159,7 +158,7 @@ def _first(e: Exception) -> str:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """No progress bars or log lines from the datasets library (errors come back as exceptions)."""
-    import datasets
+    import datasets  # seconds to import; only the hf and gsm8k tasks need it
 
     level, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL + 1)

@@ -11,12 +11,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlft.errors import DataError
+
 if TYPE_CHECKING:
     from rlft.config.schemas import DataConfig
-
-
-class DataError(ValueError):
-    """A problem with the user's data; the message names the file and line."""
 
 
 RESERVED_COLUMNS = ("prompt", "completion", "answer", "prompts", "completions", "num_tokens", "truncated",

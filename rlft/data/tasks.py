@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlft.data.problem import DataError, Problem, to_problems
+from rlft.data.problem import Problem, to_problems
+from rlft.errors import DataError
 from rlft.paths import user_path
 
 if TYPE_CHECKING:
     from rlft.config.schemas import DataConfig
 
-__all__ = ["DataError", "Problem", "Task", "build_task", "rows_task"]
+__all__ = ["DataError", "Problem", "Task", "rows_task"]
 
 _EVAL_SEED = 20240601  # the held-out split does not depend on the run's seed
 FILE_TASKS = ("jsonl", "hf", "gsm8k")
@@ -202,18 +203,3 @@ def file_task(cfg: DataConfig, seed: int) -> Task:
     return split_eval(rows, eval_rows, cfg.num_eval, cfg.path, seed)
 
 
-def build_task(cfg: DataConfig, seed: int) -> Task:
-    """The task named by ``cfg.name`` (DataConfig)."""
-    if cfg.name == "arithmetic":
-        return arithmetic_task(cfg, seed)
-    if cfg.name == "jsonl":
-        return file_task(cfg, seed)
-    if cfg.name in ("hf", "gsm8k"):
-        from rlft.data.hf import hf_task  # imported here: only these tasks need the datasets library
-
-        return hf_task(cfg, seed)
-    if cfg.name == "countdown":
-        from rlft.data.countdown import countdown_task  # imported here: it builds on this module
-
-        return countdown_task(cfg, seed)
-    raise DataError(f"data.name='{cfg.name}'; valid choices: arithmetic, countdown, jsonl, hf, gsm8k")

@@ -76,7 +76,7 @@ def build_critic(policy: Policy, cfg: ModelConfig, seed: int) -> Critic:
         nn.init.zeros_(head.bias)
         head.to(policy.device)
         if policy.lora:
-            from peft import LoraConfig
+            from peft import LoraConfig  # peft imports transformers (seconds): only when a model is built
 
             lora = cfg.lora
             policy.model.add_adapter(

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors.torch import save_file
 
+from rlft.console import note, verbose
+from rlft.errors import ModelError
 from rlft.paths import user_path
 
 if TYPE_CHECKING:
@@ -23,14 +26,10 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-class ModelError(RuntimeError):
-    """The model cannot be found or loaded; the message says what to install or set."""
-
-
 def quiet_libraries(keep_warnings: bool = False) -> None:
     """Our own progress bar is the one users should see. ``keep_warnings``: transformers' warnings
     still reach the logging tree (a training job routes them to train.log); else errors only."""
-    import transformers
+    import transformers  # seconds to import: only when a model loads
 
     transformers.utils.logging.disable_progress_bar()
     if keep_warnings:
@@ -64,9 +63,7 @@ def smollm2_dir() -> Path:
     if (target / "config.json").is_file():
         return target
     gguf = _gguf_path()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlft.console import note, verbose
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when a model loads
 
     note(f"converting the SmolLM2 GGUF file to {target} (first run only)")
     # transformers draws its conversion bar with tqdm itself (its progress-bar switch does not reach it).
@@ -94,8 +91,6 @@ def save_model_dir(model: Any, tokenizer: Any, path: str | Path) -> None:
     Not ``model.save_pretrained``: once torch.distributed is initialised it writes on rank 0 only,
     and each rank may need its own copy (its own vLLM engine, or a cache it builds first).
     """
-    from safetensors.torch import save_file
-
     model.config.save_pretrained(path)
     model.generation_config.save_pretrained(path)
     seen: set[int] = set()
@@ -143,7 +138,7 @@ def _first_line(e: Exception, limit: int = 300) -> str:
 
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # seconds to import: only when a model loads
 
     src = model_dir(cfg)
     with _loading(cfg, "tokenizer"):
@@ -162,11 +157,11 @@ def load_base(cfg: ModelConfig, dtype: torch.dtype, seed: int, device: torch.dev
         seed: Initialises the random weights of ``source=tiny``.
         device: Where the learner will run it (picks the attention kernel).
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # seconds to import: only when a model loads
 
     tok = load_tokenizer(cfg)
     if cfg.source == "tiny":
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import LlamaConfig, LlamaForCausalLM  # seconds to import: only when a model loads
 
         t = cfg.tiny
         config = LlamaConfig(

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from rlft.models.device import autocast
 from rlft.models.loading import DTYPES, load_base
+from rlft.sharding import sharded_layers
 
 if TYPE_CHECKING:
     from rlft.config.schemas import LoraConfig, ModelConfig
@@ -68,9 +69,7 @@ class Policy:
             for name, p in self.model.named_parameters():
                 yield name, p.detach()
             return
-        from peft.tuners.lora import LoraLayer
-
-        from rlft.sharding import sharded_layers
+        from peft.tuners.lora import LoraLayer  # peft imports transformers (seconds): only with a model
 
         # Under FSDP2 each decoder layer is gathered whole while its weights are read (every rank
         # reads them, in the same order), then freed again.
@@ -96,7 +95,7 @@ def _base_name(peft_name: str) -> str:
 
 def wrap_lora(base: Any, cfg: LoraConfig) -> Any:
     """``base`` with a fresh LoRA adapter named "default" per LoraConfig ``cfg``."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # peft imports transformers (seconds): only with a model
 
     return get_peft_model(
         base,
@@ -108,7 +107,7 @@ def wrap_lora(base: Any, cfg: LoraConfig) -> Any:
 def _keep_activation_dtype(model: Any) -> None:
     """peft casts each LoRA layer's input to the adapter's fp32 dtype, and autocast casts it straight
     back to bf16: two activation copies per layer for nothing. Autocast alone handles the dtypes."""
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # peft imports transformers (seconds): only with a model
 
     for module in model.modules():
         if isinstance(module, LoraLayer):

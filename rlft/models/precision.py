@@ -10,11 +10,14 @@ without a probe where the GPU supports it (Ampere and newer), else fp32.
 from __future__ import annotations
 
 import json
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from rlft.models.loading import model_dir
 
 TOKENS = 512  # rows of the probe GEMM: a micro-batch of RL sequences is a few hundred tokens
 
@@ -73,8 +76,6 @@ def cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or "unknown CPU"
 
 
@@ -84,8 +85,6 @@ def resolve(model_cfg: object, device: str = "cpu") -> Precision:
         return choose(model_cfg.dtype, 0, 0, device)
     if model_cfg.source == "tiny":
         return choose("auto", model_cfg.tiny.hidden_size, model_cfg.tiny.intermediate_size, device)
-    from rlft.models.loading import model_dir
-
     widths = model_widths(model_dir(model_cfg))  # a missing directory is a one-line ModelError there
     if widths is None:  # loading reports what is wrong with the directory
         return Precision("bf16", "model.dtype=auto: bf16 (no readable config.json to probe)")

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
+from rlft.errors import CallDied, CallFailed, CallTimeout, Described, how_it_ended  # noqa: F401  (re-exported)
+
 if TYPE_CHECKING:
     from rlft.config.schemas import RewardConfig
 
@@ -50,47 +52,6 @@ IN_PROCESS = CallPolicy()
 def call_policy(reward_cfg: RewardConfig) -> CallPolicy:
     """The CallPolicy of a RewardConfig."""
     return CallPolicy(reward_cfg.num_workers, reward_cfg.timeout_s, reward_cfg.on_timeout)
-
-
-class CallTimeout(Exception):
-    """Call ``index`` did not return within the time limit."""
-
-    def __init__(self, index: int):
-        super().__init__(index)
-        self.index = index
-
-
-class CallFailed(Exception):
-    """Call ``index`` raised ``error`` (in this process or a worker)."""
-
-    def __init__(self, index: int, error: BaseException):
-        super().__init__(index, error)
-        self.index, self.error = index, error
-
-
-class CallDied(Exception):
-    """The worker process running call ``index`` ended without a result (``exitcode``: as
-    ``multiprocessing.Process.exitcode``, ``-N`` for signal N)."""
-
-    def __init__(self, index: int, exitcode: int | None):
-        super().__init__(index, exitcode)
-        self.index, self.exitcode = index, exitcode
-
-    @property
-    def how(self) -> str:
-        """What ended the worker, in words."""
-        return how_it_ended(self.exitcode)
-
-
-def how_it_ended(exitcode: int | None) -> str:
-    """A process's end in words, from its exit code as ``multiprocessing`` and torch's launcher report
-    it (``-N``: killed by signal N): "killed by SIGKILL", "exited with code 7"."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
 
 
 def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy,
@@ -218,7 +179,7 @@ class _Workers:
                 if ok:
                     results[worker.index] = value
                 else:
-                    failures[worker.index] = CallFailed(worker.index, value.rebuilt() if isinstance(value, _Described)
+                    failures[worker.index] = CallFailed(worker.index, value.rebuilt() if isinstance(value, Described)
                                                         else value)
                 self.busy.remove(worker)
                 self.idle.append(worker)
@@ -294,17 +255,5 @@ def _picklable(reply: tuple[bool, Any]) -> tuple[bool, Any]:
     except Exception:  # noqa: BLE001  (pickling may raise anything)
         if ok:
             return False, TypeError(f"returned a {type(value).__name__}, which cannot be sent back from the worker")
-        return False, _Described(type(value).__name__, str(value))
+        return False, Described(type(value).__name__, str(value))
     return reply
-
-
-class _Described(Exception):
-    """An exception that could not cross from a worker, told by its type's name and message."""
-
-    def __init__(self, name: str, message: str):
-        super().__init__(name, message)
-        self.name, self.message = name, message
-
-    def rebuilt(self) -> Exception:
-        """An exception of a class by that name with that message (the caller words it as ``Type: message``)."""
-        return type(self.name, (Exception,), {})(self.message)

@@ -13,6 +13,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from rlft.errors import UnsafeExpression
 from rlft.rewards.registry import REWARDS
 
 MAX_EXPRESSION_CHARS = 200
@@ -24,10 +25,6 @@ _ALLOWED_CHARS = re.compile(r"[\d\s+\-*/().]+")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 # Symbols models write for the four operations, mapped to Python's.
 _SYMBOLS = str.maketrans({"\u00d7": "*", "\u00f7": "/", "\u2212": "-", "\u2013": "-", "\u22c5": "*"})
-
-
-class UnsafeExpression(ValueError):
-    """Not an arithmetic expression of integers, + - * / and parentheses."""
 
 
 def evaluate(expr: str) -> tuple[Fraction, list[int]]:

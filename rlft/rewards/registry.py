@@ -29,20 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlft.config import ConfigError
+from rlft.errors import CallDied, CallFailed, CallTimeout, RewardError, RewardNameError
 from rlft.registry import Registry
-from rlft.rewards.calls import IN_PROCESS, CallDied, CallFailed, CallPolicy, CallTimeout, run_calls
+from rlft.rewards.calls import IN_PROCESS, CallPolicy, run_calls
 
 RewardFn = Callable[..., float]
 REWARDS = Registry("reward function")
-
-
-class RewardError(RuntimeError):
-    """A reward function failed; the message names the function and the sample."""
-
-
-class RewardNameError(RewardError, ConfigError):
-    """An entry of ``reward.fns`` names nothing callable: a mistake in the config (exit 2), not in the function."""
 
 
 def resolve_reward(name: str) -> RewardFn:
@@ -89,6 +81,8 @@ class Sample:
     truncated: bool
     columns: dict[str, Any] = field(default_factory=dict)
     """The data row's other columns (reward keyword arguments)."""
+    messages: list[dict[str, Any]] | None = None
+    """The row's chat messages when its prompt is a message list (``prompt`` is then the last user message)."""
 
 
 def score_samples(
@@ -208,22 +202,3 @@ def _number(name: str, value: Any, index: int, s: Sample) -> float:
 
 def _short(text: str, limit: int = 60) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def add_scorers(totals: list[float], per_fn: dict[str, list[float]], scorers: Sequence[Any],
-                samples: Sequence[Sample]) -> list[float]:
-    """``totals`` (of :func:`score_samples`) with each model scorer's weighted scores added, NaN-aware
-    as there: a scorer's NaN leaves it out of the sample's total. A scorer (a judge, a reward model)
-    has ``name``, ``weight``, ``score(samples) -> list[float]`` and ``events``, per-sample flags of the
-    last call; its scores go into ``per_fn[name]``, each event's flags into ``per_fn[NAME_EVENT_frac]``
-    (the rollout logs each list's mean as ``reward/KEY``)."""
-    totals = list(totals)
-    for scorer in scorers:
-        values = scorer.score(samples)
-        per_fn[scorer.name] = values
-        for event, flags in scorer.events.items():
-            per_fn[f"{scorer.name}_{event}_frac"] = [float(f) for f in flags]
-        for i, v in enumerate(values):
-            if not math.isnan(v):
-                totals[i] = scorer.weight * v + (0.0 if math.isnan(totals[i]) else totals[i])
-    return totals

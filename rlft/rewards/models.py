@@ -1,0 +1,147 @@
+"""Reward models: a trained scorer (a Hugging Face sequence-classification model with one label) as a
+:class:`rlft.rewards.scorer.Scorer`.
+
+Each model reads a reply through its own tokenizer and chat template, which may differ from the
+policy's: the conversation [user: prompt (or the row's messages), assistant: completion] rendered by
+its template, or prompt + completion as plain text when it has none. Replies are scored in batches
+of ``batch_size``, sorted by length, right-padded with the model's pad id, without gradients, on the
+learner's device; the score is the model's own pooled output (its head at the last non-pad token),
+as TRL's trainers read it. A rendering longer than ``max_length`` keeps its last ``max_length``
+tokens, where the score is read, and is counted (``reward/<name>/truncated_frac``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlft.errors import ModelError
+from rlft.models.loading import DTYPES
+from rlft.paths import user_path
+from rlft.rewards.registry import Sample
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import RewardModelConfig
+
+SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
+
+
+def check_reward_model(m: RewardModelConfig) -> None:
+    """Start-up checks from the directory's config.json alone (no weights load).
+
+    Raises:
+        ModelError: the path does not exist, holds no Hugging Face model, or holds one that is not a
+            sequence-classification model with one label.
+    """
+    src = user_path(m.path)
+    where = f"reward.models: {m.path}"
+    if not src.exists():
+        raise ModelError(f"{where}: no such directory")
+    if not (src / "config.json").is_file():
+        raise ModelError(f"{where}: not a Hugging Face model directory (no config.json)")
+    try:
+        config = json.loads((src / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{where}: cannot read config.json ({type(e).__name__}: {e})") from None
+    archs = config.get("architectures") or []
+    if not any(str(a).endswith(SEQUENCE_CLASSIFICATION) for a in archs):
+        raise ModelError(f"{where}: not a sequence-classification model (architectures: {', '.join(archs) or 'none'}); "
+                         "a reward model is an AutoModelForSequenceClassification with one label (num_labels=1)")
+    labels = len(config["id2label"]) if config.get("id2label") else int(config.get("num_labels", 2))
+    if labels != 1:
+        raise ModelError(f"{where}: has {labels} labels; a reward model has one scalar output (num_labels=1)")
+
+
+class RewardModel:
+    """A loaded reward model, scoring replies (see the module docstring).
+
+    Attributes:
+        notes: What the run log should say about it (a pad token set from EOS); the trainer prints them.
+    """
+
+    kind = "model"
+
+    def __init__(self, m: RewardModelConfig, device: torch.device, dtype: str):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer  # slow; only when a model loads
+
+        check_reward_model(m)
+        self.name, self.weight = m.label, float(m.weight)
+        self.batch_size, self.max_length, self.device = m.batch_size, m.max_length, device
+        self.notes: list[str] = []
+        src = str(user_path(m.path))
+        try:
+            tok = AutoTokenizer.from_pretrained(src)
+        except Exception as e:  # noqa: BLE001  (transformers raises anything on a broken directory)
+            raise ModelError(f"reward.models: {m.path}: cannot load its tokenizer: {type(e).__name__}: {e}") from None
+        if tok.pad_token_id is None:
+            if tok.eos_token_id is None:
+                raise ModelError(f"reward.models: {m.path}: its tokenizer has neither a pad nor an EOS token; "
+                                 "set pad_token in its tokenizer_config.json")
+            tok.pad_token = tok.eos_token  # what TRL's trainers and most users do
+            self.notes.append(f"reward model {self.name}: its tokenizer has no pad token; padding with its EOS "
+                              f"token {tok.eos_token!r}")
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                src, dtype=DTYPES[dtype], attn_implementation="sdpa" if device.type == "cuda" else "eager")
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"reward.models: {m.path}: cannot load the model: {type(e).__name__}: {e}") from None
+        if model.config.pad_token_id is None:  # its pooling finds the last token that is not the pad id
+            model.config.pad_token_id = tok.pad_token_id
+        self.pad_id = int(model.config.pad_token_id)
+        self.model = model.to(device).eval().requires_grad_(False)
+        self.tokenizer = tok
+        self.dtype = dtype
+        self._counts = {"truncated": 0}
+
+    def render(self, s: Sample) -> list[int]:
+        """The token ids the model reads for one reply (all of them, before ``max_length``)."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            convo = list(s.messages) if s.messages else [{"role": "user", "content": s.prompt}]
+            text = tok.apply_chat_template([*convo, {"role": "assistant", "content": s.completion}], tokenize=False)
+            return tok(text, add_special_tokens=False).input_ids  # the template wrote the special tokens
+        return tok(s.prompt + s.completion).input_ids
+
+    def score(self, samples: Sequence[Sample]) -> list[float]:
+        """One score per reply (never NaN: a reward model scores every reply)."""
+        ids = []
+        for s in samples:
+            full = self.render(s)
+            if len(full) > self.max_length:
+                self._counts["truncated"] += 1
+                full = full[-self.max_length :]
+            ids.append(full)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        out = [0.0] * len(ids)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, value in zip(chunk, self._forward([ids[i] for i in chunk])):
+                out[i] = value
+        return out
+
+    @torch.inference_mode()
+    def _forward(self, rows: list[list[int]]) -> list[float]:
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        return logits[:, 0].float().cpu().tolist()
+
+    def take_counts(self) -> dict[str, int]:
+        """Events since the last call: ``truncated`` (renderings cut to ``max_length``)."""
+        counts, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+        return counts
+
+    def describe(self) -> str:
+        return f"{self.weight:g} x {self.name} (reward model, {self.dtype})"
+
+
+def load_reward_models(models: Sequence[RewardModelConfig], device: torch.device, compute_dtype: str) -> list[Any]:
+    """Each configured model, loaded once; ``dtype=auto`` takes ``compute_dtype`` (the learner's)."""
+    return [RewardModel(m, device, compute_dtype if m.dtype == "auto" else m.dtype) for m in models]
