@@ -8,7 +8,7 @@ from typing import Any
 from rlft.tracking import read_metrics
 
 PANELS = (("reward/mean", "reward (train batch mean)"), ("eval/accuracy", "eval accuracy (greedy)"))
-# With reward models: their weighted score against the rule-based checker's, on one panel (over-optimisation
+# With reward models or judges: their weighted score against the rule-based checker's, on one panel (over-optimisation
 # shows as the two parting).
 GOLD_PANEL = (("reward/model", "reward/gold"), "reward model vs gold checker (train batch mean)")
 

@@ -142,7 +142,7 @@ def test_gold_and_evaluation_reward(compose_cfg, reward_model_dir):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["reward.fns=[]", "reward.weights=[]"], "reward.fns and reward.models are empty"),
+    (["reward.fns=[]", "reward.weights=[]"], "reward.fns, reward.models and reward.judges are empty"),
     (["reward.models=[{weight: 1.0}]"], "has no path"),
     (["reward.models=[{path: /x/rm, dtype: fp16}]"], "dtype='fp16'"),
     (["reward.models=[{path: /x/rm, batch_size: 0}]"], "must be at least 1"),
