@@ -15,8 +15,12 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlft.config.loading import TRAIN, Schema
 
 # Hydra flags that take the next argument as their value.
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
@@ -24,6 +28,25 @@ _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--con
 _CFG_CHOICES = ("job", "hydra", "all")
 JOB_STATUS = "job.json"
 """Written in each job's directory when it ends: status, exit code, error line, overrides, seconds."""
+
+
+@dataclass(frozen=True)
+class App:
+    """One Hydra command of rlft (``rlft train``, ``rlft rm``): what :func:`run` composes and runs."""
+
+    command: str
+    """The word after ``rlft``, for messages."""
+    schema: Schema
+    """Its root config (conf/NAME.yaml), schema, groups and cross-field checks."""
+    task: Callable[[Any], float]
+    """The Hydra task function: a module-level function (launchers pickle it) calling :func:`run_task`."""
+    job: Callable[[Any, Path, bool, dict[str, Any], float], float]
+    """``job(raw, run_dir, in_sweep, status, t0)``: one job on the composed config; returns its result for
+    sweepers; raises a user error (one line, exit 2) or KeyboardInterrupt as ``rlft train``'s does. It sets
+    ``status[_REPORTED]`` when it wrote the job's status itself (trainer.nproc's ranks)."""
+
+
+_REPORTED = "_reported"
 
 
 class _State:
@@ -63,7 +86,7 @@ def _expand_home(override: str) -> str:
     return override
 
 
-def precheck(overrides: list[str], multirun: bool) -> None:
+def precheck(overrides: list[str], multirun: bool, schema: Schema = TRAIN) -> None:
     """Compose what will run before any job starts: every job of a plain sweep (one Hydra compose
     each), the first choice of each swept key under another sweeper (Optuna's ranges are drawn later).
 
@@ -73,25 +96,26 @@ def precheck(overrides: list[str], multirun: bool) -> None:
     from rlft.config import ConfigError, check_overrides, compose
     from rlft.sweep import expand
 
-    parsed = check_overrides(overrides)
+    parsed = check_overrides(overrides, schema)
     if not multirun:
-        compose(overrides)
+        compose(overrides, schema)
         return
     custom_sweeper = any(ov.key_or_group == "hydra/sweeper" for ov in parsed)
-    fixed, combos = expand([o for o in overrides if not o.startswith("hydra.sweeper.")])
+    fixed, combos = expand([o for o in overrides if not o.startswith("hydra.sweeper.")], schema)
     for combo in combos[:1] if custom_sweeper else combos:
         try:
-            compose(fixed + combo)
+            compose(fixed + combo, schema)
         except ConfigError as e:
             raise ConfigError(f"job {','.join(combo) or 'job'}: {e}") from None
 
 
-def run(args: list[str]) -> int:
-    """Run ``rlft train ARGS`` through Hydra; returns the exit code."""
+def run(args: list[str], app: App | None = None) -> int:
+    """Run ``rlft train ARGS`` (or another :class:`App`'s command) through Hydra; returns the exit code."""
     from rlft.cli import fail, quote_home
     from rlft.config import ConfigError
     from rlft.distributed import launched
 
+    app = app or TRAIN_APP
     overrides, flags = split_args(args)
     overrides = [_expand_home(o) for o in quote_home(overrides)]
     multirun = "-m" in flags or "--multirun" in flags
@@ -101,7 +125,7 @@ def run(args: list[str]) -> int:
     hydra_only = {"--info", "-i", "--hydra-help", "--shell-completion", "-sc", "--version"} & set(flags)
     try:
         if not hydra_only:
-            precheck(overrides, multirun)
+            precheck(overrides, multirun, app.schema)
     except ConfigError as e:
         return fail(str(e))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -112,11 +136,11 @@ def run(args: list[str]) -> int:
     saved_argv = sys.argv
     sys.argv = ["rlft", *flags, *overrides]  # Hydra's completion script registers for argv[0]
     try:
-        _hydra_main()
+        _hydra_main(app)
     except SystemExit as e:  # a single run's one-line error, or Hydra's own exit
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:  # Ctrl-C in a sweep: the running job saved its step; later jobs never started
-        return fail("sweep interrupted; resume a job with: rlft train <its overrides> hydra.run.dir=SWEEP_DIR/N "
+        return fail(f"sweep interrupted; resume a job with: rlft {app.command} <its overrides> hydra.run.dir=SWEEP_DIR/N "
                     "trainer.resume=auto", 130)
     finally:
         sys.argv = saved_argv
@@ -142,24 +166,29 @@ def _rank_overrides(overrides: list[str]) -> list[str]:
             "hydra.output_subdir=null"]
 
 
-def _hydra_main() -> None:
+def _hydra_main(app: App) -> None:
     import hydra
 
     from rlft.config import conf_dir
     from rlft.config.loading import register_schema
 
-    register_schema()
-    hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(task)()
+    register_schema(app.schema)
+    hydra.main(config_path=str(conf_dir()), config_name=app.schema.config_name, version_base=None)(app.task)()
 
 
 def task(raw: Any) -> float:
-    """One job: train on the composed config in Hydra's output directory (other libraries' output
-    goes to its train.log: :mod:`rlft.console`).
+    """``rlft train``'s job: train on the composed config in Hydra's output directory.
 
     Returns:
         The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
         such as Optuna to optimise.
     """
+    return run_task(raw, TRAIN_APP)
+
+
+def run_task(raw: Any, app: App) -> float:
+    """One job of ``app`` in Hydra's output directory (other libraries' output goes to its train.log:
+    :mod:`rlft.console`); returns what ``app.job`` returns (NaN when the job failed)."""
     import transformers
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -178,34 +207,48 @@ def task(raw: Any) -> float:
     fns = OmegaConf.select(raw, "reward.fns", default=None)
     fns = [str(f) for f in fns] if isinstance(fns, (list, tuple)) or OmegaConf.is_list(fns) else []
     with run_log(run_dir / "train.log", verbose, dp.rank if dp.active else None, fns):
-        return _job(raw, hc.mode == RunMode.MULTIRUN, dp, run_dir)
+        return _job(raw, hc.mode == RunMode.MULTIRUN, dp, run_dir, app)
 
 
-def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
-    """:func:`task`'s job, with third-party output going to the run's train.log."""
+def _train_job(raw: Any, run_dir: Path, in_sweep: bool, status: dict[str, Any], t0: float) -> float:
+    """``rlft train``'s :attr:`App.job`: this process's ranks, or trainer.nproc ranks through the launcher."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from rlft.cli import user_errors
     from rlft.components import preflight
     from rlft.config.loading import to_config
     from rlft.distributed import launched
     from rlft.launch import final_accuracy
-    from rlft.rewards import RewardError
     from rlft.trainer import train
+
+    cfg = to_config(raw)
+    if cfg.trainer.nproc > 1 and not launched():
+        preflight(cfg, cfg.trainer.nproc)
+        status[_REPORTED] = True  # the launcher's rank 0 (or _run_ranks) wrote job.json
+        return _run_ranks(cfg.trainer.nproc, list(HydraConfig.get().overrides.task), run_dir, in_sweep, status, t0)
+    _check_nproc(cfg.trainer.nproc)
+    metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
+    return final_accuracy(metrics)
+
+
+TRAIN_APP = App("train", TRAIN, task, _train_job)
+
+
+def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path, app: App) -> float:
+    """:func:`run_task`'s job, with third-party output going to the run's train.log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlft.cli import user_errors
+    from rlft.rewards import RewardError
 
     hc = HydraConfig.get()
     status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,
                               "started": time.time()}
     t0 = time.perf_counter()
     try:
-        cfg = to_config(raw)
-        if cfg.trainer.nproc > 1 and not launched():
-            preflight(cfg, cfg.trainer.nproc)
-            return _run_ranks(cfg.trainer.nproc, list(hc.overrides.task), run_dir, in_sweep, status, t0)
-        _check_nproc(cfg.trainer.nproc)
-        metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
-        result = final_accuracy(metrics)
+        result = app.job(raw, run_dir, in_sweep, status, t0)
+        if status.pop(_REPORTED, False):
+            return result
     except (user_errors() + (RewardError,)) as e:
         code = 1 if isinstance(e, RewardError) and not isinstance(e, user_errors()) else 2
         status.update(status="failed", exit_code=code, error=str(e))
@@ -223,7 +266,7 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
         _write_status(run_dir, status, t0)
         if in_sweep:
             raise  # Ctrl-C stops the whole sweep
-        print(f"rlft: error: interrupted{why}; continue with: rlft train ... hydra.run.dir={run_dir} "
+        print(f"rlft: error: interrupted{why}; continue with: rlft {app.command} ... hydra.run.dir={run_dir} "
               "trainer.resume=auto", file=sys.stderr)
         raise SystemExit(130) from None
     if not dp.main:  # rank 0 writes the job's status; another rank only reports its own error

@@ -28,19 +28,21 @@ class Job:
     seconds: float = 0.0
 
 
-def expand(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
+def expand(overrides: list[str], schema: Any = None) -> tuple[list[str], list[list[str]]]:
     """Split shell overrides into the fixed ones and the cartesian product of the swept ones
     (``interval(a,b)``, which only a sweeper such as Optuna can draw from, contributes ``a``).
+
+    ``schema``: the command's :class:`rlft.config.loading.Schema` (None: ``rlft train``'s).
 
     Returns:
         ``(fixed, combos)``: each combo lists one ``key=value`` per swept key, in the order given.
     """
     from hydra.core.override_parser.types import ValueType
 
-    from rlft.config import check_overrides
+    from rlft.config.loading import TRAIN, check_overrides
 
     fixed, swept = [], []
-    for text, ov in zip(overrides, check_overrides(overrides)):
+    for text, ov in zip(overrides, check_overrides(overrides, schema or TRAIN)):
         if ov.value_type == ValueType.INTERVAL_SWEEP:  # a sweeper draws from it: its lower end stands for it
             swept.append([f"{ov.get_key_element()}={ov.value().start}"])
         elif ov.is_sweep_override():
