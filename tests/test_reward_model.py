@@ -266,3 +266,57 @@ def test_cli_cfg_job_prints_the_rm_config(tmp_path):
     assert "chosen_field: better" in proc.stdout and "loss: bradley_terry" in proc.stdout
     assert "algo" not in proc.stdout and math.isfinite(len(proc.stdout))
     assert (ROOT / "conf" / "rm.yaml").is_file()
+
+
+def test_conversation_ids_extend_the_prompt_with_the_reply():
+    from rlft.data.chat import conversation_ids, prompt_ids
+    from rlft.models.loading import load_tokenizer
+
+    cfg, _ = rm_compose("model=tiny", "data.path=p.jsonl")
+    tok = load_tokenizer(cfg.model)
+    prompt = [{"role": "user", "content": "What is 2 + 3?"}]
+    full = conversation_ids(tok, prompt, "5")
+    messages = [*prompt, {"role": "assistant", "content": "5"}]
+    assert full == tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert full[: len(prompt_ids(tok, prompt))] == prompt_ids(tok, prompt)  # the reply follows the prompt
+    assert conversation_ids(tok, "Q: 2+3\nA:", " 5", chat_template=False) == tok("Q: 2+3\nA: 5")["input_ids"]
+    with pytest.raises(DataError, match="chat messages"):
+        conversation_ids(tok, "Q", [{"role": "assistant", "content": "5"}], chat_template=False)
+
+
+def test_full_finetuning_of_a_local_causal_lm_without_pad_token(tmp_path):
+    """model=local: a causal LM directory gets a new score head; its tokenizer's missing pad token is
+    set to EOS and said; full fine-tuning trains every weight and exports scores equal to the model's."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlft.models.loading import load_base
+    from rlft.rm.model import build_reward_model, save_reward_model
+    from rlft.rm.train import train_step
+
+    cfg, _ = rm_compose("model=tiny", "model.dtype=fp32", "data.path=p.jsonl")
+    base, tok = load_base(cfg.model, torch.float32, 0)
+    tok.pad_token = None
+    base.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    cfg, _ = rm_compose("model=local", f"model.path={tmp_path / 'lm'}", "model.dtype=fp32", "model.lora.enabled=false",
+                        "data.path=p.jsonl")
+    notes: list[str] = []
+    rm = build_reward_model(cfg.model, 0, torch.device("cpu"), notes)
+    assert len(notes) == 1 and "no pad token" in notes[0] and rm.tokenizer.pad_token_id == tok.eos_token_id
+    assert not rm.lora and len(rm.trainable()) == len(list(rm.model.parameters()))
+    from rlft.algorithms import bradley_terry_loss
+    from rlft.learner import adamw
+    from rlft.rm.data import Encoded
+
+    opt, sched = adamw([{"params": list(rm.trainable().values()), "lr": 1e-3}], cfg.optim, 1)
+    before = rm.model.model.embed_tokens.weight.detach().clone()
+    batch = [Encoded([5, 6, 7], [5, 6, 8], None), Encoded([9, 10], [9, 11, 12], None)]
+    metrics = train_step(rm, batch, opt, sched, 1, 1.0, bradley_terry_loss)
+    assert metrics["rm/loss"] > 0 and not torch.equal(before, rm.model.model.embed_tokens.weight)
+    save_reward_model(rm, tmp_path / "out")
+    rm.model.eval()
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "out")).eval()
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, rm.tokenizer.pad_token_id], [9, 11, 12, 13]])
+        got = loaded(input_ids=ids, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])).logits[:, 0]
+        torch.testing.assert_close(got, rm.scores([[5, 6, 7], [9, 11, 12, 13]]), atol=1e-5, rtol=1e-5)
