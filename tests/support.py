@@ -95,3 +95,17 @@ def write_eos_model(path, eos_logit: float = 12.0) -> None:
         model.get_output_embeddings().weight[tok.eos_token_id] = eos_logit * mean / (mean @ mean)
     model.save_pretrained(path)
     tok.save_pretrained(path)
+
+
+def leaf_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every leaf key of a config schema (``algo.beta``, ``sampler.vllm.sync``, ``seed``)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        sub = hints[f.name]
+        is_section = isinstance(sub, type) and dataclasses.is_dataclass(sub)
+        out += leaf_keys(sub, f"{prefix}{f.name}.") if is_section else [f"{prefix}{f.name}"]
+    return out

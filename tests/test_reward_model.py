@@ -3,11 +3,9 @@ held-out pairs, its export, exact resume, and the command's one-line errors."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
-import typing
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ import torch
 from rlft.algorithms import PREFERENCE_LOSSES, bradley_terry_loss, pairwise_accuracy
 from rlft.config.rm_schema import RM_KEY_CLASSES, RMConfig
 from rlft.data import DataError
-from tests.support import ROOT, one_error_line, run_cli
+from tests.support import ROOT, leaf_keys, one_error_line, run_cli
 
 GOOD = ["good", "great", "fine", "right"]
 BAD = ["bad", "poor", "wrong", "awful"]
@@ -86,20 +84,10 @@ def test_gradient_pushes_the_chosen_score_up():
     assert r_c.grad.item() == pytest.approx(expected) and r_r.grad.item() == pytest.approx(-expected)
 
 
-def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        sub = hints[f.name]
-        is_section = isinstance(sub, type) and dataclasses.is_dataclass(sub)
-        out += _leaf_keys(sub, f"{prefix}{f.name}.") if is_section else [f"{prefix}{f.name}"]
-    return out
-
-
 def test_every_rm_config_key_has_a_resume_class():
     from rlft.run_state import rule
 
-    keys = _leaf_keys(RMConfig)
+    keys = leaf_keys(RMConfig)
     assert "data.chosen_field" in keys and "model.lora.r" in keys and "optim.lr" in keys
     assert not [k for k in keys if rule(k, RM_KEY_CLASSES) is None]
 
