@@ -234,6 +234,8 @@ def test_cli_override_typo_names_the_key(tmp_path):
     assert "trainer.stepz" in line and "steps" in line
     line = one_error_line(run_cli(["rm", "model=tiny", "algo=grpo"], tmp_path), 2)
     assert "'algo'" in line and "data" in line
+    line = one_error_line(run_cli(["rm", "model=tiny"], tmp_path), 2)
+    assert "needs data.path=" in line
 
 
 def test_cli_bad_path_is_one_line(tmp_path):
@@ -308,3 +310,39 @@ def test_full_finetuning_of_a_local_causal_lm_without_pad_token(tmp_path):
         ids = torch.tensor([[5, 6, 7, rm.tokenizer.pad_token_id], [9, 11, 12, 13]])
         got = loaded(input_ids=ids, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])).logits[:, 0]
         torch.testing.assert_close(got, rm.scores([[5, 6, 7], [9, 11, 12, 13]]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_cli_resume_after_kill_is_exact(tmp_path):
+    """kill -9 between checkpoints, resume: the same weights and losses as an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    from rlft import checkpoint as ckpt
+
+    write_pairs(tmp_path / "p.jsonl", 16)
+    args = ["rm", *FAST, "data.path=p.jsonl", "data.num_eval=4", "trainer.export=false", "trainer.save_every=2"]
+    ref = run_cli([*args, "trainer.steps=10", "hydra.run.dir=ref"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-m", "rlft.cli", *args, "trainer.steps=1000", "hydra.run.dir=b"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while ckpt.latest_checkpoint(tmp_path / "b") is None and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    killed_at = ckpt.checkpoint_step(ckpt.latest_checkpoint(tmp_path / "b"))
+    assert killed_at is not None and killed_at < 10
+    resumed = run_cli([*args, "trainer.steps=10", "trainer.resume=auto", "hydra.run.dir=b"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    wa, wb = (load_file(str(tmp_path / d / "checkpoints/step_000010/trainable.safetensors")) for d in ("ref", "b"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    ra, rb = ({r["step"]: r["rm/loss"] for r in records(tmp_path / d) if "rm/loss" in r} for d in ("ref", "b"))
+    assert ra == rb and len(ra) == 10
