@@ -152,6 +152,9 @@ def trained(tmp_path_factory):
     """A tiny reward model trained for 8 steps on 64 pairs; 32 held-out pairs with other prompts."""
     root = tmp_path_factory.mktemp("rm")
     write_pairs(root / "train.jsonl", 64, seed=0)
+    with (root / "train.jsonl").open("a") as f:  # two pairs that say nothing: dropped, counted
+        f.write(json.dumps({"prompt": "Q: same\nA:", "chosen": " x", "rejected": " x"}) + "\n")
+        f.write(json.dumps({"prompt": "Q: same\nA:", "chosen": " y", "rejected": " y"}) + "\n")
     write_pairs(root / "test.jsonl", 32, seed=1)
     run_dir = root / "run"
     train(run_dir, *FAST, f"data.path={root / 'train.jsonl'}", f"data.eval_path={root / 'test.jsonl'}",
@@ -169,6 +172,9 @@ def test_a_tiny_reward_model_learns_to_rank_held_out_pairs(trained):
     assert last["eval/rm_margin"] > first["eval/rm_margin"] + 1.0
     assert {"rm/loss", "rm/accuracy", "rm/margin", "rm/grad_norm", "rm/lr"} <= set(recs[5])
     assert (run_dir / "checkpoints" / "step_000008").is_dir() and (run_dir / "config.yaml").is_file()
+    log = (run_dir / "train.log").read_text()
+    assert "dropped pairs whose chosen and rejected replies are the same: 2 training, 0 held-out" in log
+    assert "64 training pairs, 32 held out" in log
 
 
 def test_export_loads_with_transformers_and_scores_as_the_trained_model(trained, tmp_path):
