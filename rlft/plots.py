@@ -1,4 +1,5 @@
-"""PNG plots of a run's reward and eval accuracy, and of a sweep's jobs side by side."""
+"""PNG plots of a run's reward and eval accuracy (a reward model's loss and held-out pairwise accuracy),
+and of a sweep's jobs side by side."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 from rlft.tracking import read_metrics
 
 PANELS = (("reward/mean", "reward (train batch mean)"), ("eval/accuracy", "eval accuracy (greedy)"))
+RM_PANELS = (("rm/loss", "reward-model loss (train batch mean)"), ("eval/rm_accuracy", "held-out pairwise accuracy"))
+"""The panels of runs of ``rlft rm`` (they log rm/loss)."""
 
 
 def wall_minutes(records: list[dict[str, Any]]) -> list[float]:
@@ -31,12 +34,13 @@ def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path, x: str
     matplotlib.use("Agg")  # files only; no display here
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
-    for ax, (key, label) in zip(axes, PANELS):
+    panels = RM_PANELS if any("rm/loss" in r for records in runs.values() for r in records) else PANELS
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (key, label) in zip(axes, panels):
         for name, records in runs.items():
             xs, ys = _series(records, key, x)
             if xs:
-                ax.plot(xs, ys, marker="o" if len(xs) < 20 or key == "eval/accuracy" else None, markersize=3,
+                ax.plot(xs, ys, marker="o" if len(xs) < 20 or key.startswith("eval/") else None, markersize=3,
                         label=name)
         ax.set_xlabel("step" if x == "step" else "minutes (training + eval)")
         ax.set_title(label)

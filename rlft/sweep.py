@@ -16,6 +16,8 @@ from rlft.paths import user_path
 from rlft.tracking import read_metrics
 
 SUMMARY_KEYS = ("reward/mean", "eval/accuracy")
+RM_SUMMARY_KEYS = ("rm/loss", "eval/rm_accuracy")
+"""The summary's two metric columns for a sweep of ``rlft rm`` (its jobs log no ``reward/mean``)."""
 
 
 @dataclass
@@ -97,15 +99,17 @@ def find_jobs(root: Path) -> list[Job]:
 
 
 def summarize(jobs: list[Job], root: Path) -> list[dict[str, Any]]:
-    """``summary.csv`` and ``summary.png`` in ``root``: each job's final reward and accuracy and its status."""
+    """``summary.csv`` and ``summary.png`` in ``root``: each job's final reward and accuracy (a sweep of ``rlft rm``:
+    its final loss and held-out pairwise accuracy) and its status."""
     from rlft.plots import plot_sweep
 
     rows = []
-    for job in jobs:
-        records = read_metrics(job.run_dir / "metrics.jsonl")
+    runs = [read_metrics(job.run_dir / "metrics.jsonl") for job in jobs]
+    rm = any("rm/loss" in r for records in runs for r in records)
+    for job, records in zip(jobs, runs):
         row: dict[str, Any] = {"job": job.name, "status": job.status,
                                "steps": max((r["step"] for r in records), default=0), "seconds": round(job.seconds, 1)}
-        for key in SUMMARY_KEYS:
+        for key in RM_SUMMARY_KEYS if rm else SUMMARY_KEYS:
             values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
             row[key] = values[-1] if values else None
         row["run_dir"] = str(job.run_dir)
@@ -123,10 +127,11 @@ def _print_table(rows: list[dict[str, Any]], console: Any) -> None:
     from rich.text import Text
 
     table = Table(title="sweep summary")
-    for col in ("job", "status", "steps", "reward/mean", "eval/accuracy", "seconds"):
+    keys = RM_SUMMARY_KEYS if RM_SUMMARY_KEYS[0] in rows[0] else SUMMARY_KEYS
+    for col in ("job", "status", "steps", *keys, "seconds"):
         table.add_column(col)
     for r in rows:
-        reward, acc = (f"{r[k]:.3f}" if r[k] is not None else "-" for k in SUMMARY_KEYS)
+        values = (f"{r[k]:.3f}" if r[k] is not None else "-" for k in keys)
         # Text, not str: rich would read a list override's '[...]' as markup and drop it.
-        table.add_row(Text(r["job"]), Text(r["status"]), str(r["steps"]), reward, acc, f"{r['seconds']:.0f}s")
+        table.add_row(Text(r["job"]), Text(r["status"]), str(r["steps"]), *values, f"{r['seconds']:.0f}s")
     console.print(table)

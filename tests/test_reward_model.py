@@ -175,6 +175,7 @@ def test_a_tiny_reward_model_learns_to_rank_held_out_pairs(trained):
     log = (run_dir / "train.log").read_text()
     assert "dropped pairs whose chosen and rejected replies are the same: 2 training, 0 held-out" in log
     assert "64 training pairs, 32 held out" in log
+    assert (run_dir / "plots.png").stat().st_size > 0
 
 
 def test_export_loads_with_transformers_and_scores_as_the_trained_model(trained, tmp_path):
@@ -352,3 +353,17 @@ def test_cli_resume_after_kill_is_exact(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     ra, rb = ({r["step"]: r["rm/loss"] for r in records(tmp_path / d) if "rm/loss" in r} for d in ("ref", "b"))
     assert ra == rb and len(ra) == 10
+
+
+@pytest.mark.slow
+def test_cli_sweep_summarises_the_reward_models(tmp_path):
+    import csv
+
+    write_pairs(tmp_path / "p.jsonl", 12)
+    proc = run_cli(["rm", "-m", *FAST, "data.path=p.jsonl", "data.num_eval=4", "trainer.steps=2", "trainer.export=false",
+                    "optim.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "sweep" / "summary.csv").open()))
+    assert [r["job"] for r in rows] == ["optim.lr=0.001", "optim.lr=0.01"]
+    assert all(r["status"] == "ok" and r["steps"] == "2" and float(r["eval/rm_accuracy"]) >= 0 for r in rows)
+    assert "eval/rm_accuracy" in proc.stdout and (tmp_path / "sweep" / "summary.png").is_file()

@@ -28,6 +28,7 @@ from rlft.models.device import resolve_device
 from rlft.models.loading import quiet_libraries
 from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
+from rlft.plots import plot_run
 from rlft.rm import state as rm_state
 from rlft.rm.data import Encoded, encode_pairs, load_pairs
 from rlft.rm.model import RewardModel, build_reward_model, save_reward_model
@@ -92,6 +93,7 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
             tracker.info(f"exported the reward model to {out} (AutoModelForSequenceClassification)")
     finally:
         tracker.close()
+    plot_run(run_dir)
     return st.metrics
 
 
