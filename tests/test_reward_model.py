@@ -19,7 +19,7 @@ GOOD = ["good", "great", "fine", "right"]
 BAD = ["bad", "poor", "wrong", "awful"]
 WORDS = "apple river stone cloud table green quick music light paper seven north".split()
 # Raw text (no chat template): a reply's last token is its marker, which the score head reads at once.
-FAST = ["model=tiny", "model.dtype=fp32", "data.chat_template=false", "trainer.threads=2", "trainer.eval_every=0",
+FAST = ["model=tiny", "model.dtype=fp32", "data.chat_template=false", "trainer.threads=1", "trainer.eval_every=0",
         "trainer.eval_at_start=false", "trainer.batch_size=8", "optim.lr=1e-2", "optim.warmup_steps=0",
         "logger.console=false"]
 
@@ -367,3 +367,11 @@ def test_cli_sweep_summarises_the_reward_models(tmp_path):
     assert [r["job"] for r in rows] == ["optim.lr=0.001", "optim.lr=0.01"]
     assert all(r["status"] == "ok" and r["steps"] == "2" and float(r["eval/rm_accuracy"]) >= 0 for r in rows)
     assert "eval/rm_accuracy" in proc.stdout and (tmp_path / "sweep" / "summary.png").is_file()
+
+
+def test_rm_help_lists_the_groups(capsys):
+    from rlft.cli import main
+
+    assert main(["rm", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: rlft rm" in out and "tiny" in out and "smollm2_135m" in out
