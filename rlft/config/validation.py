@@ -6,7 +6,7 @@ import importlib.util
 import math
 import re
 
-from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig
+from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig, OptimConfig
 from rlft.errors import ConfigError
 
 
@@ -68,15 +68,9 @@ def validate(cfg: Config) -> None:
             f"{len(cfg.reward.fns)}: give one weight per function"
         )
     _check_reward_models(cfg)
-    if cfg.model.dtype not in ("auto", "bf16", "fp32"):
-        raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: auto, bf16, fp32")
-    _check_device(t.device, cfg.model)
-    if cfg.model.source not in ("smollm2_gguf", "path", "tiny"):
-        raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
-    if cfg.model.source == "path" and not cfg.model.path:
-        raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
+    check_model(cfg.model, t.device)
     _check_data(cfg)
-    _check_optim(cfg)
+    check_optim(cfg.optim, cfg.algo.critic_lr)
     if t.keep_last < 0 or t.save_every < 0:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
     if t.stop_grace_s < 0:
@@ -95,7 +89,6 @@ def validate(cfg: Config) -> None:
                           "(only the decoder layers' adapters are gathered for the sampler); remove it, or use ddp")
     if cfg.data.num_eval < 0:
         raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
-    _check_model_source(cfg.model)
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
     _check_sampler(cfg)
@@ -156,13 +149,25 @@ def _check_reward_models(cfg: Config) -> None:
         names.append(m.label)
 
 
-def _check_optim(cfg: Config) -> None:
+def check_model(m: ModelConfig, device: str) -> None:
+    """The model section and the learner's device (``rlft train`` and ``rlft rm`` share them)."""
+    if m.dtype not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"model.dtype='{m.dtype}'; valid choices: auto, bf16, fp32")
+    _check_device(device, m)
+    if m.source not in ("smollm2_gguf", "path", "tiny"):
+        raise ConfigError(f"model.source='{m.source}'; valid choices: smollm2_gguf, path, tiny")
+    if m.source == "path" and not m.path:
+        raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
+    _check_model_source(m)
+
+
+def check_optim(o: OptimConfig, critic_lr: float | None = None) -> None:
     """AdamW's and the schedule's values: AdamW checks lr only for its defaults, not for param groups,
     and its own errors would surface as a traceback from inside the run."""
-    o, a = cfg.optim, cfg.algo
     if o.schedule not in ("constant", "linear", "cosine"):
         raise ConfigError(f"optim.schedule='{o.schedule}'; valid choices: constant, linear, cosine")
-    for name, lr in (("optim.lr", o.lr), ("algo.critic_lr", a.critic_lr)):
+    lrs = (("optim.lr", o.lr),) + ((("algo.critic_lr", critic_lr),) if critic_lr is not None else ())
+    for name, lr in lrs:
         if not 0 < lr < math.inf:  # also NaN; a negative rate is gradient ascent, 0 trains nothing
             raise ConfigError(f"{name}={lr} must be > 0")
     if len(o.betas) != 2:
