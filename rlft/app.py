@@ -17,6 +17,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from rlft.config import check_overrides, compose, conf_dir
-from rlft.config.loading import register_schema, to_config
+from rlft.config.loading import TRAIN, Schema, register_schema, to_config
 from rlft.console import run_log
 from rlft.errors import ConfigError, RlftError, fail
 from rlft.jobs import JOB_STATUS, JobState, failed, write_status  # noqa: F401  (JOB_STATUS: re-exported)
@@ -41,6 +43,25 @@ from rlft.sweep import expand
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                 "--config-dir", "-cd", "--shell-completion", "-sc", "--experimental-rerun"}
 _CFG_CHOICES = ("job", "hydra", "all")
+
+
+@dataclass(frozen=True)
+class App:
+    """One Hydra command of rlft (``rlft train``, ``rlft rm``): what :func:`run` composes and runs."""
+
+    command: str
+    """The word after ``rlft``, for messages."""
+    schema: Schema
+    """Its root config (conf/NAME.yaml), schema, groups and cross-field checks."""
+    task: Callable[[Any], float]
+    """The Hydra task function: a module-level function (launchers pickle it) calling :func:`run_task`."""
+    job: Callable[[Any, Path, bool, dict[str, Any], float], float]
+    """``job(raw, run_dir, in_sweep, status, t0)``: one job on the composed config; returns its result for
+    sweepers; raises an RlftError (one line) or KeyboardInterrupt as ``rlft train``'s does. It sets
+    ``status[_REPORTED]`` when it wrote the job's status itself (trainer.nproc's ranks)."""
+
+
+_REPORTED = "_reported"
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -71,30 +92,31 @@ def _expand_home(override: str) -> str:
     return override
 
 
-def precheck(overrides: list[str], multirun: bool) -> None:
+def precheck(overrides: list[str], multirun: bool, schema: Schema = TRAIN) -> None:
     """Compose what will run before any job starts: every job of a plain sweep (one Hydra compose
     each), the first choice of each swept key under another sweeper (Optuna's ranges are drawn later).
 
     Raises:
         ConfigError: naming the job when one of a sweep's combinations is wrong.
     """
-    parsed = check_overrides(overrides)
+    parsed = check_overrides(overrides, schema)
     if not multirun:
-        compose(overrides)
+        compose(overrides, schema)
         return
     custom_sweeper = any(ov.key_or_group == "hydra/sweeper" for ov in parsed)
-    fixed, combos = expand([o for o in overrides if not o.startswith("hydra.sweeper.")])
+    fixed, combos = expand([o for o in overrides if not o.startswith("hydra.sweeper.")], schema)
     for combo in combos[:1] if custom_sweeper else combos:
         try:
-            compose(fixed + combo)
+            compose(fixed + combo, schema)
         except ConfigError as e:
             raise ConfigError(f"job {','.join(combo) or 'job'}: {e}") from None
 
 
-def run(args: list[str]) -> int:
-    """Run ``rlft train ARGS`` through Hydra; returns the exit code."""
+def run(args: list[str], app: App | None = None) -> int:
+    """Run ``rlft train ARGS`` (or another :class:`App`'s command) through Hydra; returns the exit code."""
     from rlft.distributed import launched  # torch
 
+    app = app or TRAIN_APP
     overrides, flags = split_args(args)
     overrides = [_expand_home(o) for o in quote_home(overrides)]
     multirun = "-m" in flags or "--multirun" in flags
@@ -104,7 +126,7 @@ def run(args: list[str]) -> int:
     hydra_only = {"--info", "-i", "--hydra-help", "--shell-completion", "-sc", "--version"} & set(flags)
     try:
         if not hydra_only:
-            precheck(overrides, multirun)
+            precheck(overrides, multirun, app.schema)
     except RlftError as e:  # a ConfigError: composing is all precheck does
         return fail(str(e), e.exit_code)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -115,11 +137,11 @@ def run(args: list[str]) -> int:
     saved_argv = sys.argv
     sys.argv = ["rlft", *flags, *overrides]  # Hydra's completion script registers for argv[0]
     try:
-        _hydra_main()
+        _hydra_main(app)
     except SystemExit as e:  # a single run's one-line error, or Hydra's own exit
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:  # Ctrl-C in a sweep: the running job saved its step; later jobs never started
-        return fail("sweep interrupted; resume a job with: rlft train <its overrides> hydra.run.dir=SWEEP_DIR/N "
+        return fail(f"sweep interrupted; resume a job with: rlft {app.command} <its overrides> hydra.run.dir=SWEEP_DIR/N "
                     "trainer.resume=auto", 130)
     finally:
         sys.argv = saved_argv
@@ -140,9 +162,9 @@ def _rank_overrides(overrides: list[str]) -> list[str]:
             "hydra.output_subdir=null"]
 
 
-def _hydra_main() -> None:
-    register_schema()
-    hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(task)()
+def _hydra_main(app: App) -> None:
+    register_schema(app.schema)
+    hydra.main(config_path=str(conf_dir()), config_name=app.schema.config_name, version_base=None)(app.task)()
 
 
 def task(raw: Any) -> float:
@@ -153,6 +175,12 @@ def task(raw: Any) -> float:
         The final ``eval/accuracy`` (NaN when the job failed or ran no evaluation), for sweepers
         such as Optuna to optimise.
     """
+    return run_task(raw, TRAIN_APP)
+
+
+def run_task(raw: Any, app: App) -> float:
+    """One job of ``app`` in Hydra's output directory (other libraries' output goes to its train.log:
+    :mod:`rlft.console`); returns what ``app.job`` returns (NaN when the job failed)."""
     import transformers  # seconds to import, as torch below: only a job needs them
 
     import rlft.trainer  # noqa: F401  (torch's loggers exist before run_log routes them)
@@ -167,27 +195,38 @@ def task(raw: Any) -> float:
     fns = OmegaConf.select(raw, "reward.fns", default=None)
     fns = [str(f) for f in fns] if isinstance(fns, (list, tuple)) or OmegaConf.is_list(fns) else []
     with run_log(run_dir / "train.log", verbose, dp.rank if dp.active else None, fns):
-        return _job(raw, hc.mode == RunMode.MULTIRUN, dp, run_dir)
+        return _job(raw, hc.mode == RunMode.MULTIRUN, dp, run_dir, app)
 
 
-def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
-    """:func:`task`'s job, with third-party output going to the run's train.log."""
+def _train_job(raw: Any, run_dir: Path, in_sweep: bool, status: dict[str, Any], t0: float) -> float:
+    """``rlft train``'s :attr:`App.job`: this process's ranks, or trainer.nproc ranks through the launcher."""
     from rlft.components import preflight  # torch
     from rlft.distributed import launched  # torch
     from rlft.trainer import train  # torch
 
+    cfg = to_config(raw)
+    if cfg.trainer.nproc > 1 and not launched():
+        preflight(cfg, cfg.trainer.nproc)
+        status[_REPORTED] = True  # the launcher's rank 0 (or _run_ranks) wrote job.json
+        return _run_ranks(cfg.trainer.nproc, list(HydraConfig.get().overrides.task), run_dir, in_sweep, status, t0)
+    _check_nproc(cfg.trainer.nproc)
+    metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
+    return final_accuracy(metrics)
+
+
+TRAIN_APP = App("train", TRAIN, task, _train_job)
+
+
+def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path, app: App) -> float:
+    """:func:`run_task`'s job, with third-party output going to the run's train.log."""
     hc = HydraConfig.get()
     status: dict[str, Any] = {"overrides": list(hc.overrides.task), "status": "ok", "exit_code": 0,
                               "started": time.time()}
     t0 = time.perf_counter()
     try:
-        cfg = to_config(raw)
-        if cfg.trainer.nproc > 1 and not launched():
-            preflight(cfg, cfg.trainer.nproc)
-            return _run_ranks(cfg.trainer.nproc, list(hc.overrides.task), run_dir, in_sweep, status, t0)
-        _check_nproc(cfg.trainer.nproc)
-        metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
-        result = final_accuracy(metrics)
+        result = app.job(raw, run_dir, in_sweep, status, t0)
+        if status.pop(_REPORTED, False):
+            return result
     except RlftError as e:  # any of them: its one line, its class's exit code
         status.update(failed(e))
         result = math.nan
@@ -204,7 +243,7 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path) -> float:
         write_status(run_dir, status, t0)
         if in_sweep:
             raise  # Ctrl-C stops the whole sweep
-        print(f"rlft: error: interrupted{why}; continue with: rlft train ... hydra.run.dir={run_dir} "
+        print(f"rlft: error: interrupted{why}; continue with: rlft {app.command} ... hydra.run.dir={run_dir} "
               "trainer.resume=auto", file=sys.stderr)
         raise SystemExit(130) from None
     if not dp.main:  # rank 0 writes the job's status; another rank only reports its own error

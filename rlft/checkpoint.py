@@ -233,6 +233,16 @@ def resolve(spec: str, run_dir: Path, label: str = "trainer.resume=") -> Path | 
     return found
 
 
+def check_fresh(run_dir: Path, spec: str) -> None:
+    """A fresh start must not bury an earlier run's checkpoints under new ones."""
+    found = latest_checkpoint(run_dir)
+    if found is not None and spec != "auto":
+        raise CheckpointError(
+            f"{run_dir} already holds checkpoints (newest: {found.name}): pass trainer.resume=auto to continue "
+            "that run, or choose another hydra.run.dir"
+        )
+
+
 def read_tensors(path: Path, name: str) -> dict[str, Tensor]:
     return load_file(str(path / name))
 

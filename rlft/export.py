@@ -1,4 +1,5 @@
-"""`rlft export`: a checkpoint as a merged Hugging Face model directory, or as its peft adapter."""
+"""`rlft export`: a checkpoint as a merged Hugging Face model directory, or as its peft adapter
+(a checkpoint of ``rlft rm``: a sequence-classification directory, :mod:`rlft.rm.command`)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,15 @@ def export(spec: str | Path, out: str | Path, adapter_only: bool = False) -> Pat
     """Write ``out`` (which must not exist or be empty) atomically; returns the checkpoint used."""
     path = find_checkpoint(spec)
     out = user_path(out)
+    from rlft.rm.state import is_reward_checkpoint
+
+    if is_reward_checkpoint(path):  # rlft rm's: a sequence-classification directory, the score head included
+        if adapter_only:
+            raise ckpt.CheckpointError(f"{path} is a reward model's checkpoint: export it without --adapter-only")
+        from rlft.rm.command import export_checkpoint
+
+        export_checkpoint(path, out)
+        return path
     if out.exists() and not out.is_dir():
         raise ckpt.CheckpointError(f"{out} exists and is a file: choose a new output directory")
     if out.exists() and any(out.iterdir()):

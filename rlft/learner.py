@@ -26,7 +26,7 @@ from rlft.sharding import grad_norm_and_clip
 
 if TYPE_CHECKING:
     from rlft.components import AlgoState, Components
-    from rlft.config.schemas import AlgoConfig, Config
+    from rlft.config.schemas import AlgoConfig, Config, OptimConfig
 
 
 def _policy_loss(
@@ -283,10 +283,15 @@ def build_optimizer(
     policy: Policy, cfg: Config, total_updates: int, critic: Critic | None = None
 ) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW (policy at ``optim.lr``, critic at ``algo.critic_lr``) with linear warm-up then a schedule."""
-    o = cfg.optim
-    groups = [{"params": policy.trainable_parameters(), "lr": o.lr}]
+    groups = [{"params": policy.trainable_parameters(), "lr": cfg.optim.lr}]
     if critic is not None:
         groups.append({"params": critic.parameters(), "lr": cfg.algo.critic_lr})
+    return adamw(groups, cfg.optim, total_updates)
+
+
+def adamw(groups: list[dict[str, Any]], o: OptimConfig, total_updates: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over parameter ``groups`` (each with its ``lr``) per OptimConfig ``o``, and its LR schedule:
+    linear warm-up over ``o.warmup_steps``, then ``o.schedule`` over ``total_updates`` optimizer steps."""
     opt = torch.optim.AdamW(groups, betas=tuple(o.betas), weight_decay=o.weight_decay)
 
     def factor(step: int) -> float:

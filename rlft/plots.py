@@ -1,4 +1,5 @@
-"""PNG plots of a run's reward and eval accuracy, and of a sweep's jobs side by side."""
+"""PNG plots of a run's reward and eval accuracy (a reward model's loss and held-out pairwise accuracy),
+and of a sweep's jobs side by side."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ PANELS = (("reward/mean", "reward (train batch mean)"), ("eval/accuracy", "eval 
 # With reward models or judges: their weighted score against the rule-based checker's, on one panel (over-optimisation
 # shows as the two parting).
 GOLD_PANEL = (("reward/model", "reward/gold"), "reward model vs gold checker (train batch mean)")
+RM_PANELS = (("rm/loss", "reward-model loss (train batch mean)"), ("eval/rm_accuracy", "held-out pairwise accuracy"))
+"""The panels of runs of ``rlft rm`` (they log rm/loss)."""
 
 
 def wall_minutes(records: list[dict[str, Any]]) -> list[float]:
@@ -34,15 +37,18 @@ def _figure(runs: dict[str, list[dict[str, Any]]], title: str, out: Path, x: str
     matplotlib.use("Agg")  # files only; no display here
     import matplotlib.pyplot as plt  # after use("Agg")
 
-    gold = any(k in r for records in runs.values() for r in records for k in GOLD_PANEL[0])
-    panels = [((key,), label) for key, label in PANELS] + ([GOLD_PANEL] if gold else [])
+    if any("rm/loss" in r for records in runs.values() for r in records):
+        panels = [((key,), label) for key, label in RM_PANELS]
+    else:
+        gold = any(k in r for records in runs.values() for r in records for k in GOLD_PANEL[0])
+        panels = [((key,), label) for key, label in PANELS] + ([GOLD_PANEL] if gold else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
     for ax, (keys, label) in zip(axes, panels):
         for name, records in runs.items():
             for key in keys:
                 xs, ys = _series(records, key, x)
                 if xs:
-                    ax.plot(xs, ys, marker="o" if len(xs) < 20 or key == "eval/accuracy" else None, markersize=3,
+                    ax.plot(xs, ys, marker="o" if len(xs) < 20 or key.startswith("eval/") else None, markersize=3,
                             linestyle="--" if key == "reward/gold" else "-",
                             label=name if len(keys) == 1 else f"{name} {key.split('/')[-1]}")
         if len(keys) > 1 and ax.get_legend_handles_labels()[0]:

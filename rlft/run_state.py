@@ -54,17 +54,19 @@ CONDITIONS: dict[str, tuple[Callable[[dict, dict], bool], str]] = {
 }
 
 
-def rule(key: str) -> tuple[str, str] | None:
-    """The row of :data:`KEY_CLASSES` for ``key``: its exact row, else its section's."""
-    if key in KEY_CLASSES:
-        return KEY_CLASSES[key]
-    sections = [p for p in KEY_CLASSES if p.endswith(".") and key.startswith(p)]
-    return KEY_CLASSES[max(sections, key=len)] if sections else None
+def rule(key: str, classes: dict[str, tuple[str, str]] | None = None) -> tuple[str, str] | None:
+    """The row of ``classes`` (default :data:`KEY_CLASSES`) for ``key``: its exact row, else its section's."""
+    classes = KEY_CLASSES if classes is None else classes
+    if key in classes:
+        return classes[key]
+    sections = [p for p in classes if p.endswith(".") and key.startswith(p)]
+    return classes[max(sections, key=len)] if sections else None
 
 
-def classify(key: str, old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str]:
+def classify(key: str, old: dict[str, Any], new: dict[str, Any],
+             classes: dict[str, tuple[str, str]] | None = None) -> tuple[str, str]:
     """``(class, why)`` of a change of ``key`` between the flattened saved and current configs."""
-    kind, why = rule(key) or (HARMFUL, "not a known config key")
+    kind, why = rule(key, classes) or (HARMFUL, "not a known config key")
     test, harmful_why = CONDITIONS.get(key, (None, ""))
     return (HARMFUL, harmful_why) if test is not None and test(old, new) else (kind, why)
 
@@ -255,8 +257,10 @@ def _py_state_from_json(s: list) -> tuple:
     return (s[0], tuple(s[1]), s[2])
 
 
-def config_changes(saved_yaml: str, current_yaml: str, trained_dtype: str | None = None) -> tuple[list[str], list[str]]:
-    """Keys whose values differ between two resolved configs, split into (harmful, allowed).
+def config_changes(saved_yaml: str, current_yaml: str, trained_dtype: str | None = None,
+                   classes: dict[str, tuple[str, str]] | None = None) -> tuple[list[str], list[str]]:
+    """Keys whose values differ between two resolved configs, split into (harmful, allowed), each key
+    classed by ``classes`` (default :data:`KEY_CLASSES`, ``rlft train``'s).
 
     Each entry reads ``key: old -> new (why)``; an allowed one that only changes numerics says so.
     ``trained_dtype`` is what ``model.dtype=auto`` resolved to in the checkpoint: ``auto`` on
@@ -269,17 +273,18 @@ def config_changes(saved_yaml: str, current_yaml: str, trained_dtype: str | None
     harmful, allowed = [], []
     for k in sorted(set(old) | set(new)):
         if old.get(k) != new.get(k):
-            kind, why = classify(k, old, new)
+            kind, why = classify(k, old, new, classes)
             shown = f"{k}: {_show(old.get(k, '<unset>'))} -> {_show(new.get(k, '<unset>'))} "
             shown += f"({why})" if kind != NUMERICS else f"({NUMERICS}: {why})"
             (harmful if kind == HARMFUL else allowed).append(shown)
     return harmful, allowed
 
 
-def check_compatible(path: Path, current_yaml: str, world_size: int = 1) -> list[str]:
+def check_compatible(path: Path, current_yaml: str, world_size: int = 1,
+                     classes: dict[str, tuple[str, str]] | None = None) -> list[str]:
     """Fail when the config changed in a way that changes the run, naming each key and why; return the others
-    (a change of the number of data-parallel ranks among them)."""
-    harmful, allowed = config_changes((path / CONFIG).read_text(), current_yaml, trained_dtype(path))
+    (a change of the number of data-parallel ranks among them). ``classes``: as :func:`config_changes`."""
+    harmful, allowed = config_changes((path / CONFIG).read_text(), current_yaml, trained_dtype(path), classes)
     try:
         saved_world = int(ckpt.read_json(path, ckpt.STATE).get("world_size", 1))
     except (OSError, ValueError):  # no trainer state to read (resolve() has checked the checkpoint is complete)

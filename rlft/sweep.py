@@ -17,13 +17,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlft.config import check_overrides
+from rlft.config.loading import TRAIN, check_overrides
 from rlft.jobs import JOB_STATUS, JobState
 from rlft.paths import user_path
 from rlft.plots import plot_sweep
 from rlft.tracking import read_metrics
 
 SUMMARY_KEYS = ("reward/mean", "eval/accuracy")
+RM_SUMMARY_KEYS = ("rm/loss", "eval/rm_accuracy")
+"""The summary's two metric columns for a sweep of ``rlft rm`` (its jobs log no ``reward/mean``)."""
 
 
 @dataclass
@@ -36,15 +38,17 @@ class Job:
     seconds: float = 0.0
 
 
-def expand(overrides: list[str]) -> tuple[list[str], list[list[str]]]:
+def expand(overrides: list[str], schema: Any = None) -> tuple[list[str], list[list[str]]]:
     """Split shell overrides into the fixed ones and the cartesian product of the swept ones
     (``interval(a,b)``, which only a sweeper such as Optuna can draw from, contributes ``a``).
+
+    ``schema``: the command's :class:`rlft.config.loading.Schema` (None: ``rlft train``'s).
 
     Returns:
         ``(fixed, combos)``: each combo lists one ``key=value`` per swept key, in the order given.
     """
     fixed, swept = [], []
-    for text, ov in zip(overrides, check_overrides(overrides)):
+    for text, ov in zip(overrides, check_overrides(overrides, schema or TRAIN)):
         if ov.value_type == ValueType.INTERVAL_SWEEP:  # a sweeper draws from it: its lower end stands for it
             swept.append([f"{ov.get_key_element()}={ov.value().start}"])
         elif ov.is_sweep_override():
@@ -91,13 +95,15 @@ def find_jobs(root: Path) -> list[Job]:
 
 
 def summarize(jobs: list[Job], root: Path) -> list[dict[str, Any]]:
-    """``summary.csv`` and ``summary.png`` in ``root``: each job's final reward and accuracy and its status."""
+    """``summary.csv`` and ``summary.png`` in ``root``: each job's final reward and accuracy (a sweep of ``rlft rm``:
+    its final loss and held-out pairwise accuracy) and its status."""
     rows = []
-    for job in jobs:
-        records = read_metrics(job.run_dir / "metrics.jsonl")
+    runs = [read_metrics(job.run_dir / "metrics.jsonl") for job in jobs]
+    rm = any("rm/loss" in r for records in runs for r in records)
+    for job, records in zip(jobs, runs):
         row: dict[str, Any] = {"job": job.name, "status": job.status,
                                "steps": max((r["step"] for r in records), default=0), "seconds": round(job.seconds, 1)}
-        for key in SUMMARY_KEYS:
+        for key in RM_SUMMARY_KEYS if rm else SUMMARY_KEYS:
             values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
             row[key] = values[-1] if values else None
         row["run_dir"] = str(job.run_dir)
@@ -112,10 +118,11 @@ def summarize(jobs: list[Job], root: Path) -> list[dict[str, Any]]:
 
 def _print_table(rows: list[dict[str, Any]], console: Any) -> None:
     table = Table(title="sweep summary")
-    for col in ("job", "status", "steps", "reward/mean", "eval/accuracy", "seconds"):
+    keys = RM_SUMMARY_KEYS if RM_SUMMARY_KEYS[0] in rows[0] else SUMMARY_KEYS
+    for col in ("job", "status", "steps", *keys, "seconds"):
         table.add_column(col)
     for r in rows:
-        reward, acc = (f"{r[k]:.3f}" if r[k] is not None else "-" for k in SUMMARY_KEYS)
+        values = (f"{r[k]:.3f}" if r[k] is not None else "-" for k in keys)
         # Text, not str: rich would read a list override's '[...]' as markup and drop it.
-        table.add_row(Text(r["job"]), Text(r["status"]), str(r["steps"]), reward, acc, f"{r['seconds']:.0f}s")
+        table.add_row(Text(r["job"]), Text(r["status"]), str(r["steps"]), *values, f"{r['seconds']:.0f}s")
     console.print(table)

@@ -21,6 +21,9 @@ _CONSOLE_KEYS = [
     ("eval/accuracy", "acc", "{:.3f}"),
     ("loss", "loss", "{:.4f}"),
     ("kl", "kl", "{:.4f}"),
+    ("rm/loss", "loss", "{:.4f}"),  # rlft rm
+    ("rm/accuracy", "acc", "{:.3f}"),
+    ("eval/rm_accuracy", "eval acc", "{:.3f}"),
     ("time/step_s", "step", "{:.1f}s"),
     ("throughput/tokens_per_s", "tok/s", "{:.0f}"),
 ]

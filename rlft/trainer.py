@@ -42,7 +42,7 @@ def train(cfg: Config, run_dir: Path, resolved_yaml: str | None = None) -> dict[
     resume = ckpt.resolve(cfg.trainer.resume, run_dir)
     harmless = run_state.check_compatible(resume, resolved_yaml, dp.world) if resume is not None else []
     if resume is None:
-        _check_fresh(run_dir, cfg.trainer.resume)
+        ckpt.check_fresh(run_dir, cfg.trainer.resume)
     c = build_components(cfg, run_state.trained_dtype(resume) if resume else None, dp)
     start, last = 0, {}
     if resume is not None:
@@ -86,16 +86,6 @@ def train(cfg: Config, run_dir: Path, resolved_yaml: str | None = None) -> dict[
     out.info(f"done: final checkpoint {path}")
     out.close(finished=True)
     return last
-
-
-def _check_fresh(run_dir: Path, spec: str) -> None:
-    """A fresh start must not bury an earlier run's checkpoints under new ones."""
-    found = ckpt.latest_checkpoint(run_dir)
-    if found is not None and spec != "auto":
-        raise ckpt.CheckpointError(
-            f"{run_dir} already holds checkpoints (newest: {found.name}): pass trainer.resume=auto to continue "
-            "that run, or choose another hydra.run.dir"
-        )
 
 
 def _maybe_evaluate(step: int, c: Components, cfg: Config, metrics: dict[str, float], force: bool = False) -> None:

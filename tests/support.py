@@ -123,3 +123,15 @@ def write_reward_model(path, num_labels: int = 1, pad_token: bool = True, seed: 
         tok.pad_token = None
     model.save_pretrained(path)
     tok.save_pretrained(path)
+def leaf_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every leaf key of a config schema (``algo.beta``, ``sampler.vllm.sync``, ``seed``)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        sub = hints[f.name]
+        is_section = isinstance(sub, type) and dataclasses.is_dataclass(sub)
+        out += leaf_keys(sub, f"{prefix}{f.name}.") if is_section else [f"{prefix}{f.name}"]
+    return out

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 import time
-import typing
 from pathlib import Path
 
 import pytest
@@ -16,24 +14,14 @@ import torch
 from rlft import checkpoint as ckpt
 from rlft import run_state
 from rlft.config import Config, ConfigError
-from tests.support import ROOT, TINY, run_cli
+from tests.support import ROOT, TINY, leaf_keys, run_cli
 
 # ---------------------------------------------------------------------------------------
 # Item 6: which config changes a resume accepts
 
 
-def _leaf_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        sub = hints[f.name]
-        is_section = isinstance(sub, type) and dataclasses.is_dataclass(sub)
-        out += _leaf_keys(sub, f"{prefix}{f.name}.") if is_section else [f"{prefix}{f.name}"]
-    return out
-
-
 def test_every_config_key_is_classified():
-    keys = _leaf_keys()
+    keys = leaf_keys(Config)
     assert len(keys) > 60 and "sampler.vllm.sync" in keys and "seed" in keys
     unclassified = [k for k in keys if run_state.rule(k) is None]
     assert not unclassified, f"add these keys to run_state.KEY_CLASSES: {unclassified}"

@@ -18,7 +18,7 @@ from tests.support import ROOT, TINY
 
 # Every line rlft prints on stdout in a run (rich's progress bar included).
 RLFT_LINE = re.compile(r"(converting the SmolLM2 GGUF file to .* \(first run only\)|run dir .* \| algo |"
-                       r"learner on |evaluation skipped: |step +\d+ |stopped after step \d+; |done: final checkpoint |"
+                       r"learner on |reward: |evaluation skipped: |step +\d+ |stopped after step \d+; |done: final checkpoint |"
                        r"train .*\d+/\d+ )")
 
 

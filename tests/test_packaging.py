@@ -18,7 +18,7 @@ def test_wheel_contains_conf(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     shipped = ["rlft/conf/" + str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml")]
     assert len(shipped) > 10
-    for f in shipped + ["rlft/cli.py", "rlft/algorithms/losses.py"]:
+    for f in shipped + ["rlft/cli.py", "rlft/algorithms/losses.py", "rlft/rm/train.py"]:
         assert f in names, f
     # Installed elsewhere, the package finds its own conf/ (no checkout beside it).
     target = tmp_path / "site"

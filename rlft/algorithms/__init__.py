@@ -9,6 +9,7 @@ from rlft.algorithms.aggregation import LOSS_AGGREGATIONS, LossNorm
 from rlft.algorithms.kl import KL_ESTIMATORS
 from rlft.algorithms.losses import POLICY_LOSSES
 from rlft.algorithms.masked import masked_mean, masked_sum
+from rlft.algorithms.preference import PREFERENCE_LOSSES, bradley_terry_loss, pairwise_accuracy
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -17,6 +18,9 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "LossNorm",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
+    "bradley_terry_loss",
     "masked_mean",
     "masked_sum",
+    "pairwise_accuracy",
 ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,25 @@ from rlft.errors import ConfigError
 
 EXTRA_GROUPS = ("experiment",)
 """Groups with no schema section of their own: ``+experiment=NAME`` presets set keys anywhere."""
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What one command's config is composed from: ``rlft train``'s (:data:`TRAIN`) or ``rlft rm``'s."""
+
+    config_name: str
+    """The root config, conf/NAME.yaml."""
+    root: type
+    """Its dataclass schema."""
+    groups: tuple[str, ...]
+    """The config groups an override may pick (GROUP=OPTION)."""
+    validate: Callable[[Any], None]
+    """Cross-field checks of a composed config."""
+    store_name: str
+    """The name its defaults list gives the schema (Hydra's ConfigStore)."""
+
+
+TRAIN = Schema("config", Config, GROUPS + EXTRA_GROUPS, validate, "rlft_schema")
 
 
 def conf_dir() -> Path:
@@ -52,8 +73,8 @@ def _schema_fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _check_key(key: str) -> None:
-    cls: Any = Config
+def _check_key(key: str, root: type = Config) -> None:
+    cls: Any = root
     walked: list[str] = []
     for part in key.split("."):
         if not dataclasses.is_dataclass(cls):
@@ -80,7 +101,7 @@ def _check_group_choice(group: str, value: Any) -> None:
             raise ConfigError(f"unknown {group} '{v}'; valid choices: {', '.join(choices)}")
 
 
-def check_overrides(overrides: list[str]) -> list[Any]:
+def check_overrides(overrides: list[str], schema: Schema = TRAIN) -> list[Any]:
     """Parse shell overrides and reject unknown keys/groups with one clear line.
 
     Returns:
@@ -94,10 +115,10 @@ def check_overrides(overrides: list[str]) -> list[Any]:
         key = ov.key_or_group
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
-        if key in GROUPS or key in EXTRA_GROUPS:
+        if key in schema.groups:
             _check_group_choice(key, ov.value())
         else:
-            _check_key(key)
+            _check_key(key, schema.root)
     return parsed
 
 
@@ -105,12 +126,12 @@ def check_overrides(overrides: list[str]) -> list[Any]:
 # Loading
 
 
-def register_schema() -> None:
-    """Make the schema available to conf/config.yaml's defaults list (``- rlft_schema``)."""
-    ConfigStore.instance().store(name="rlft_schema", node=Config)
+def register_schema(schema: Schema = TRAIN) -> None:
+    """Make the schema available to its root config's defaults list (conf/config.yaml: ``- rlft_schema``)."""
+    ConfigStore.instance().store(name=schema.store_name, node=schema.root)
 
 
-def to_config(raw: Any) -> Config:
+def to_config(raw: Any, schema: Schema = TRAIN) -> Any:
     """The typed, validated Config of a composed node (``hydra`` removed).
 
     Raises:
@@ -123,11 +144,11 @@ def to_config(raw: Any) -> Config:
         cfg = OmegaConf.to_object(raw)
     except OmegaConfBaseException as e:
         raise ConfigError(_one_line(e)) from None
-    validate(cfg)
+    schema.validate(cfg)
     return cfg
 
 
-def compose(overrides: list[str]) -> tuple[Config, Any, str]:
+def compose(overrides: list[str], schema: Schema = TRAIN) -> tuple[Any, Any, str]:
     """Build the run config from conf/ and shell overrides.
 
     Args:
@@ -141,23 +162,23 @@ def compose(overrides: list[str]) -> tuple[Config, Any, str]:
     Raises:
         ConfigError: on any unknown key, bad choice, wrong type or failed cross-field check.
     """
-    raw, run_dir = compose_node(overrides)
-    return to_config(raw), raw, run_dir
+    raw, run_dir = compose_node(overrides, schema)
+    return to_config(raw, schema), raw, run_dir
 
 
-def compose_node(overrides: list[str]) -> tuple[Any, str]:
+def compose_node(overrides: list[str], schema: Schema = TRAIN) -> tuple[Any, str]:
     """What :func:`compose` composes, before the cross-field checks: the OmegaConf node (``hydra``
     removed) and the resolved ``hydra.run.dir``. Values may still be missing (``???``).
 
     Raises:
         ConfigError: on any unknown key, bad choice or wrong type.
     """
-    check_overrides(overrides)
-    register_schema()
+    check_overrides(overrides, schema)
+    register_schema(schema)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            raw = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+            raw = hydra_compose(schema.config_name, overrides=list(overrides), return_hydra_config=True)
         run_dir = str(raw.hydra.run.dir)
         with _open_struct(raw):
             del raw["hydra"]
@@ -168,7 +189,7 @@ def compose_node(overrides: list[str]) -> tuple[Any, str]:
     return raw, run_dir
 
 
-def compose_on(saved_yaml: str, overrides: list[str]) -> Config:
+def compose_on(saved_yaml: str, overrides: list[str], schema: Schema = TRAIN) -> Any:
     """A saved run config (a checkpoint's ``config.yaml``) with shell overrides applied on top.
 
     Group overrides (``data=jsonl``) replace that whole section with the group's YAML; key
@@ -177,22 +198,22 @@ def compose_on(saved_yaml: str, overrides: list[str]) -> Config:
     Raises:
         ConfigError: as :func:`compose`.
     """
-    parsed = check_overrides(overrides)
+    parsed = check_overrides(overrides, schema)
     try:
-        node = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(yaml.safe_load(saved_yaml) or {}))
+        node = OmegaConf.merge(OmegaConf.structured(schema.root), OmegaConf.create(yaml.safe_load(saved_yaml) or {}))
         for ov in parsed:
             key = ov.key_or_group
             if key.startswith("hydra"):
                 continue
-            if key in GROUPS:
+            if key in schema.groups and key not in EXTRA_GROUPS:
                 section = yaml.safe_load((conf_dir() / key / f"{ov.value()}.yaml").read_text()) or {}
-                node[key] = OmegaConf.merge(OmegaConf.structured(field_type(Config, key)), section)
+                node[key] = OmegaConf.merge(OmegaConf.structured(field_type(schema.root, key)), section)
             else:
                 OmegaConf.update(node, key, ov.value(), merge=False)
         cfg = OmegaConf.to_object(node)
     except OmegaConfBaseException as e:
         raise ConfigError(_one_line(e)) from None
-    validate(cfg)
+    schema.validate(cfg)
     return cfg
 
 

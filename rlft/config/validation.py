@@ -6,9 +6,9 @@ import importlib.util
 import math
 import re
 
-from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, JudgeConfig, ModelConfig
+from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig, OptimConfig
 from rlft.errors import ConfigError
-from rlft.rewards.rubric import KINDS, check_template
+from rlft.rewards.rubric import check_judge
 
 
 def validate(cfg: Config) -> None:
@@ -70,15 +70,9 @@ def validate(cfg: Config) -> None:
             f"{len(cfg.reward.fns)}: give one weight per function"
         )
     _check_reward_models(cfg)
-    if cfg.model.dtype not in ("auto", "bf16", "fp32"):
-        raise ConfigError(f"model.dtype='{cfg.model.dtype}'; valid choices: auto, bf16, fp32")
-    _check_device(t.device, cfg.model)
-    if cfg.model.source not in ("smollm2_gguf", "path", "tiny"):
-        raise ConfigError(f"model.source='{cfg.model.source}'; valid choices: smollm2_gguf, path, tiny")
-    if cfg.model.source == "path" and not cfg.model.path:
-        raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
+    check_model(cfg.model, t.device)
     _check_data(cfg)
-    _check_optim(cfg)
+    check_optim(cfg.optim, cfg.algo.critic_lr)
     if t.keep_last < 0 or t.save_every < 0:
         raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
     if t.stop_grace_s < 0:
@@ -97,7 +91,6 @@ def validate(cfg: Config) -> None:
                           "(only the decoder layers' adapters are gathered for the sampler); remove it, or use ddp")
     if cfg.data.num_eval < 0:
         raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
-    _check_model_source(cfg.model)
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
     _check_sampler(cfg)
@@ -159,41 +152,33 @@ def _check_reward_models(cfg: Config) -> None:
         names.append(m.label)
     for i, j in enumerate(r.judges):
         where = f"reward.judges[{i}]"
-        _check_judge(j, where)
+        check_judge(j, where)
         if j.name in REWARD_METRICS or j.name in names:
             taken = "is a metric rlft logs itself" if j.name in REWARD_METRICS else "is taken by another scorer"
             raise ConfigError(f"{where}: its name '{j.name}' (reward/{j.name}) {taken}; set {where}.name")
         names.append(j.name)
 
 
-def _check_judge(j: JudgeConfig, where: str) -> None:
-    """One judge's fields (its model is checked at start-up: rlft.rewards.judges.check_judge_model)."""
-    if j.kind not in KINDS:
-        raise ConfigError(f"{where}.kind='{j.kind}'; valid choices: {', '.join(KINDS)}")
-    if j.template is not None:
-        check_template(j.template, f"{where}.template")
-    if j.kind == "score" and not j.min_score < j.max_score:
-        raise ConfigError(f"{where}: min_score={j.min_score:g} must be below max_score={j.max_score:g}")
-    if j.kind == "verdict" and j.verdicts is not None and (not j.verdicts or not all(w.strip() for w in j.verdicts)):
-        raise ConfigError(f"{where}.verdicts={dict(j.verdicts)} needs at least one verdict, each a non-empty word")
-    if j.max_new_tokens < 1 or j.batch_size < 1:
-        raise ConfigError(f"{where}: max_new_tokens={j.max_new_tokens} and batch_size={j.batch_size} must be at "
-                          "least 1")
-    if not math.isfinite(j.weight):
-        raise ConfigError(f"{where}.weight={j.weight} must be a finite number")
-    if j.temperature < 0:
-        raise ConfigError(f"{where}.temperature={j.temperature:g} must be >= 0 (0: greedy)")
-    if j.sampler not in ("auto", "hf", "vllm"):
-        raise ConfigError(f"{where}.sampler='{j.sampler}'; valid choices: auto, hf, vllm")
+
+def check_model(m: ModelConfig, device: str) -> None:
+    """The model section and the learner's device (``rlft train`` and ``rlft rm`` share them)."""
+    if m.dtype not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"model.dtype='{m.dtype}'; valid choices: auto, bf16, fp32")
+    _check_device(device, m)
+    if m.source not in ("smollm2_gguf", "path", "tiny"):
+        raise ConfigError(f"model.source='{m.source}'; valid choices: smollm2_gguf, path, tiny")
+    if m.source == "path" and not m.path:
+        raise ConfigError("model.source=path needs model.path=DIR (a local Hugging Face model directory)")
+    _check_model_source(m)
 
 
-def _check_optim(cfg: Config) -> None:
+def check_optim(o: OptimConfig, critic_lr: float | None = None) -> None:
     """AdamW's and the schedule's values: AdamW checks lr only for its defaults, not for param groups,
     and its own errors would surface as a traceback from inside the run."""
-    o, a = cfg.optim, cfg.algo
     if o.schedule not in ("constant", "linear", "cosine"):
         raise ConfigError(f"optim.schedule='{o.schedule}'; valid choices: constant, linear, cosine")
-    for name, lr in (("optim.lr", o.lr), ("algo.critic_lr", a.critic_lr)):
+    lrs = (("optim.lr", o.lr),) + ((("algo.critic_lr", critic_lr),) if critic_lr is not None else ())
+    for name, lr in lrs:
         if not 0 < lr < math.inf:  # also NaN; a negative rate is gradient ascent, 0 trains nothing
             raise ConfigError(f"{name}={lr} must be > 0")
     if len(o.betas) != 2:

@@ -38,6 +38,25 @@ def problem_ids(tokenizer: Any, problem: Problem, data_cfg: DataConfig) -> list[
     return prompt_ids(tokenizer, problem.model_input, data_cfg.system_prompt, getattr(data_cfg, "chat_template", True))
 
 
+def conversation_ids(tokenizer: Any, prompt: Prompt, reply: Prompt, system_prompt: str | None = None,
+                     chat_template: bool = True) -> list[int]:
+    """Token ids of ``prompt`` followed by the assistant's ``reply`` (a string, or a list of messages
+    that continue the conversation): what a reward model scores. Templated as :func:`prompt_ids` does;
+    without a chat template, the prompt text followed by the reply text.
+
+    Raises:
+        DataError: as :func:`prompt_ids`, for a message prompt or reply without a chat template.
+    """
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        if not isinstance(reply, str):
+            _render(tokenizer, reply, None, chat_template)  # raises: messages need a chat template
+        text, special = _render(tokenizer, prompt, system_prompt, chat_template)
+        return list(tokenizer(text + reply, add_special_tokens=special)["input_ids"])
+    turns = [{"role": "assistant", "content": reply}] if isinstance(reply, str) else list(reply)
+    text = tokenizer.apply_chat_template(_messages(prompt, system_prompt) + turns, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def _render(tokenizer: Any, prompt: Prompt, system_prompt: str | None, chat_template: bool) -> tuple[str, bool]:
     """The text to tokenize, and whether the tokenizer adds its special tokens to it."""
     if not (chat_template and getattr(tokenizer, "chat_template", None)):
@@ -46,13 +65,19 @@ def _render(tokenizer: Any, prompt: Prompt, system_prompt: str | None, chat_temp
             raise DataError(f"a prompt is a list of chat messages but {why}: give string prompts, or a model whose "
                             "tokenizer has a chat template")
         return prompt, True
+    return tokenizer.apply_chat_template(_messages(prompt, system_prompt), tokenize=False,
+                                         add_generation_prompt=True), False
+
+
+def _messages(prompt: Prompt, system_prompt: str | None) -> list[dict[str, Any]]:
+    """A prompt as chat messages, ``system_prompt`` (when given) first."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system_prompt:
         if messages[0]["role"] == "system":
             raise DataError("a prompt's messages begin with a system message and data.system_prompt is set; "
                             "drop one of them")
         messages.insert(0, {"role": "system", "content": system_prompt})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
+    return messages
 
 
 def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: DataConfig,

@@ -60,6 +60,26 @@ def load_problems(path: str, split: str | None, cfg: DataConfig, parse_answer: C
         DataError: one line naming the file: missing, unreadable, an unknown split (listing the
             available ones), a missing or reserved column (listing the columns), no rows, or a bad row.
     """
+    where, rows, columns, names = read_split(path, split)
+    for fld in (cfg.prompt_field, cfg.answer_field):
+        if fld is not None and fld not in columns:
+            raise DataError(f"{where}: no column '{fld}' (columns: {', '.join(columns)}); "
+                            "set data.prompt_field / data.answer_field")
+    check_columns(where, columns, cfg.prompt_field, cfg.answer_field)
+    return to_problems(zip(names, rows), cfg, parse_answer)
+
+
+def read_split(path: str, split: str | None) -> tuple[str, list[dict[str, Any]], list[str], list[str]]:
+    """The rows of one split (None: the data set's only split) of the data set at ``path``.
+
+    Returns:
+        ``(where, rows, columns, names)``: the split as errors name it, its rows, its column names, and
+        each row's name for errors (``FILE:LINE`` in a JSON-lines file, else ``WHERE row I``).
+
+    Raises:
+        DataError: one line naming the file: missing, unreadable, an unknown split (listing the
+            available ones), or no rows.
+    """
     p = user_path(path)
     if not p.exists():
         raise DataError(f"{p}: no such file or directory")
@@ -74,13 +94,7 @@ def load_problems(path: str, split: str | None, cfg: DataConfig, parse_answer: C
     where = f"{p} (split {split})" if p.is_dir() else str(p)
     if not rows:
         raise DataError(f"{where}: no rows")
-    for fld in (cfg.prompt_field, cfg.answer_field):
-        if fld is not None and fld not in columns:
-            raise DataError(f"{where}: no column '{fld}' (columns: {', '.join(columns)}); "
-                            "set data.prompt_field / data.answer_field")
-    check_columns(where, columns, cfg.prompt_field, cfg.answer_field)
-    names = _line_names(p, len(rows)) or [f"{where} row {i}" for i in range(len(rows))]
-    return to_problems(zip(names, rows), cfg, parse_answer)
+    return where, rows, columns, _line_names(p, len(rows)) or [f"{where} row {i}" for i in range(len(rows))]
 
 
 def _line_names(p: Path, n: int) -> list[str] | None:

@@ -137,7 +137,8 @@ def _first_line(e: Exception, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def load_tokenizer(cfg: ModelConfig) -> Any:
+def load_tokenizer(cfg: ModelConfig, notes: list[str] | None = None) -> Any:
+    """The model's tokenizer; one without a pad token pads with its EOS token (said in ``notes``)."""
     from transformers import AutoTokenizer  # seconds to import: only when a model loads
 
     src = model_dir(cfg)
@@ -145,40 +146,52 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
         tok = AutoTokenizer.from_pretrained(str(src))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+        if notes is not None:
+            notes.append(f"the tokenizer has no pad token: padding with its EOS token {tok.eos_token!r}")
     return tok
 
 
-def load_base(cfg: ModelConfig, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu") -> tuple[Any, Any]:
+def load_base(cfg: ModelConfig, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu",
+              num_labels: int | None = None, notes: list[str] | None = None) -> tuple[Any, Any]:
     """The base causal LM (eval mode, on CPU) and its tokenizer.
 
     Args:
         cfg: ModelConfig.
         dtype: Dtype of the weights.
-        seed: Initialises the random weights of ``source=tiny``.
+        seed: Initialises the random weights of ``source=tiny`` (and a new classification head).
         device: Where the learner will run it (picks the attention kernel).
+        num_labels: Load the model with a sequence-classification head of this many outputs instead
+            (``AutoModelForSequenceClassification``; a causal LM's directory gets a new head).
+        notes: Collects what loading decided for the user's log (a pad token set to EOS).
     """
-    from transformers import AutoModelForCausalLM  # seconds to import: only when a model loads
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # slow import: only here
 
-    tok = load_tokenizer(cfg)
-    if cfg.source == "tiny":
-        from transformers import LlamaConfig, LlamaForCausalLM  # seconds to import: only when a model loads
+    tok = load_tokenizer(cfg, notes)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if cfg.source == "tiny":
+            from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification  # as above
 
-        t = cfg.tiny
-        config = LlamaConfig(
-            vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-            num_hidden_layers=t.num_layers, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
-            head_dim=t.hidden_size // t.num_heads, max_position_embeddings=2048, tie_word_embeddings=True,
-            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        )
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(config)
-        model = model.to(dtype)
+            t = cfg.tiny
+            config = LlamaConfig(
+                vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                num_hidden_layers=t.num_layers, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
+                head_dim=t.hidden_size // t.num_heads, max_position_embeddings=2048, tie_word_embeddings=True,
+                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                **({"num_labels": num_labels} if num_labels else {}),
+            )
+            model = (LlamaForSequenceClassification if num_labels else LlamaForCausalLM)(config)
+            model = model.to(dtype)
+        else:
+            src = model_dir(cfg)
+            auto, extra = (AutoModelForSequenceClassification, {"num_labels": num_labels}) if num_labels else \
+                (AutoModelForCausalLM, {})
+            with _loading(cfg, "model"):
+                model = auto.from_pretrained(str(src), dtype=dtype, **extra)
+    if num_labels:
+        model.config.pad_token_id = tok.pad_token_id  # the score is read at each row's last non-pad token
     else:
-        src = model_dir(cfg)
-        with _loading(cfg, "model"):
-            model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype)
-    model.generation_config.pad_token_id = tok.pad_token_id
+        model.generation_config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation(cfg, device))
     return model.eval(), tok
 

@@ -1,5 +1,6 @@
-"""A judge's text side: its rubric template (placeholders, the built-in rubrics) and the parsers that
-read a score out of its reply. Pure functions on strings; rlft.rewards.judges runs the model.
+"""A judge's text side: its rubric template (placeholders, the built-in rubrics), the checks of a judge's
+config entry, and the parsers that read a score out of its reply. Pure functions on strings;
+rlft.rewards.judges runs the model.
 
 A reply that states no readable score parses to None (the sample is unscored by that judge),
 never an exception: a judge's reply is model output, not something the user can fix.
@@ -7,11 +8,16 @@ never an exception: a judge's reply is model output, not something the user can 
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from rlft.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import JudgeConfig
 
 PLACEHOLDERS = ("prompt", "reply", "answer")
 """What a rubric may name: the task prompt, the policy's reply, the reference answer ('' when none)."""
@@ -69,6 +75,29 @@ def check_template(template: str, where: str) -> None:
         has = ", ".join(f"{{{n}}}" for n in dict.fromkeys(names)) or "no placeholder"
         raise ConfigError(f"{where} has no {{reply}} placeholder (it has {has}): the judge would never see the "
                           f"reply it scores; valid: {valid}")
+
+
+def check_judge(j: JudgeConfig, where: str) -> None:
+    """Raise ConfigError (naming ``where``, e.g. ``reward.judges[0]``) unless judge ``j``'s fields are valid
+    (its model is checked at start-up: rlft.rewards.judges.check_judge_model; its name with the other
+    scorers': rlft.config.validation)."""
+    if j.kind not in KINDS:
+        raise ConfigError(f"{where}.kind='{j.kind}'; valid choices: {', '.join(KINDS)}")
+    if j.template is not None:
+        check_template(j.template, f"{where}.template")
+    if j.kind == "score" and not j.min_score < j.max_score:
+        raise ConfigError(f"{where}: min_score={j.min_score:g} must be below max_score={j.max_score:g}")
+    if j.kind == "verdict" and j.verdicts is not None and (not j.verdicts or not all(w.strip() for w in j.verdicts)):
+        raise ConfigError(f"{where}.verdicts={dict(j.verdicts)} needs at least one verdict, each a non-empty word")
+    if j.max_new_tokens < 1 or j.batch_size < 1:
+        raise ConfigError(f"{where}: max_new_tokens={j.max_new_tokens} and batch_size={j.batch_size} must be at "
+                          "least 1")
+    if not math.isfinite(j.weight):
+        raise ConfigError(f"{where}.weight={j.weight} must be a finite number")
+    if j.temperature < 0:
+        raise ConfigError(f"{where}.temperature={j.temperature:g} must be >= 0 (0: greedy)")
+    if j.sampler not in ("auto", "hf", "vllm"):
+        raise ConfigError(f"{where}.sampler='{j.sampler}'; valid choices: auto, hf, vllm")
 
 
 def render(template: str, prompt: str, reply: str, answer: str) -> str:

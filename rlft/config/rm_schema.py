@@ -1,0 +1,143 @@
+"""The config of ``rlft rm``: training a Bradley-Terry reward model on preference pairs.
+
+Composed from conf/rm.yaml, which reuses ``rlft train``'s model/ and logger/ groups; the
+sections of its own (data, trainer) are defined here with their defaults, as schemas.py does
+for ``rlft train`` (each field's ``knob`` gives its resume class, read by the resume check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlft.config.schemas import (
+    CHECKPOINTING,
+    EVAL_ONLY,
+    HARMFUL,
+    HARMLESS,
+    NUMERICS,
+    WAITING,
+    ConfigError,
+    LoggerConfig,
+    ModelConfig,
+    OptimConfig,
+    knob,
+    resume_classes,
+)
+from rlft.config.validation import check_model, check_optim
+
+RM_GROUPS = ("model", "logger")
+"""Config groups of conf/rm.yaml (shared with ``rlft train``)."""
+
+PAIRS = (HARMFUL, "the training pairs")
+HELD_OUT = (HARMFUL, "the held-out pairs, carved out of or kept apart from the training pairs")
+
+
+@dataclass
+class PairsConfig:
+    """Preference pairs: rows with a prompt, a chosen and a rejected reply."""
+
+    path: str | None = knob(None, PAIRS)
+    """A jsonl/json/parquet/csv file, a save_to_disk folder or a folder of data files (as data=hf reads)."""
+    split: str = knob("train", PAIRS)
+    """The split of data.path to train on (a single file is the split train)."""
+    eval_path: str | None = knob(None, HELD_OUT)
+    """Held-out pairs (default: the last data.num_eval rows of data.path)."""
+    eval_split: str | None = knob(None, HELD_OUT)
+    """The held-out split (of data.eval_path when given, else of data.path)."""
+    num_eval: int = knob(64, HELD_OUT)
+    """Held-out pairs carved from the end of data.path when neither eval_path nor eval_split is given (0: none)."""
+    prompt_field: str = knob("prompt", PAIRS)
+    """Column of the prompt: a string, or a list of chat messages {role, content}."""
+    chosen_field: str = knob("chosen", PAIRS)
+    """Column of the preferred reply: a string, or the assistant's message(s) as a list of messages."""
+    rejected_field: str = knob("rejected", PAIRS)
+    """Column of the other reply (same forms as chosen)."""
+    margin_field: str | None = knob(None, PAIRS)
+    """Optional column of a per-pair margin m: the loss becomes -log sigmoid(r_c - r_r - m) (None: no margin)."""
+    system_prompt: str | None = knob(None, PAIRS)
+    """System message for the chat template (None: the model's default)."""
+    chat_template: bool = knob(True, PAIRS)
+    """Render prompt + reply with the tokenizer's chat template (false: prompt text + reply text)."""
+    max_length: int = knob(1024, PAIRS)
+    """Drop (never truncate: the score is read at the last token) pairs whose chosen or rejected sequence
+    is longer than this many tokens; counted in the log (0: no limit)."""
+
+
+@dataclass
+class RMTrainerConfig:
+    steps: int = knob(100, (HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it"))
+    """Optimizer steps."""
+    batch_size: int = knob(8, (HARMFUL, "the batch size"))
+    """Pairs per optimizer step (the pairs are shuffled each epoch, seeded by seed)."""
+    micro_batch_size: int = knob(8, (NUMERICS, "float summation order and padding of the gradient accumulation"))
+    """Pairs per forward/backward pass (gradient accumulation inside a step)."""
+    eval_every: int = knob(10, EVAL_ONLY)
+    """Held-out pairwise accuracy every N steps (0: only at the end)."""
+    eval_at_start: bool = knob(True, EVAL_ONLY)
+    """Evaluate before the first update, as the baseline."""
+    save_every: int = knob(0, CHECKPOINTING)
+    """Write a checkpoint every N steps (0: only the final one)."""
+    keep_last: int = knob(0, CHECKPOINTING)
+    """Keep only the newest K checkpoints (0: keep all)."""
+    resume: str = knob("", CHECKPOINTING)
+    """'' starts fresh; auto continues from the newest complete checkpoint in the run directory (fresh if
+    none); a path continues from that checkpoint (or the newest one in that run directory)."""
+    export: bool = knob(True, (HARMLESS, "what is written at the end, not what is trained"))
+    """At the end, write the trained reward model as a Hugging Face sequence-classification directory
+    (LoRA merged) with its tokenizer, in RUN_DIR/reward_model (also: rlft rm-export CHECKPOINT OUT)."""
+    threads: int = knob(0, (NUMERICS, "float rounding of CPU kernels that split work by thread"))
+    """torch intra-op threads (0: torch's default)."""
+    device: str = knob("auto", (NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)"))
+    """Where the model trains: auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
+    stop_grace_s: float = knob(300.0, WAITING)
+    """After the first Ctrl-C/SIGTERM, how long the current step may take to finish (it is then saved)."""
+
+
+@dataclass
+class RMConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: PairsConfig = field(default_factory=PairsConfig)
+    logger: LoggerConfig = knob(resume=(HARMLESS, "logging only"), factory=LoggerConfig)
+    trainer: RMTrainerConfig = field(default_factory=RMTrainerConfig)
+    optim: OptimConfig = knob(resume=None, factory=lambda: OptimConfig(lr=5e-4, warmup_steps=5))
+    """AdamW (lr 5e-4 and 5 warm-up steps here: a reward head learns from a random start)."""
+    loss: str = knob("bradley_terry", (HARMFUL, "the loss"))
+    """Preference loss registered in rlft.algorithms.preference."""
+    seed: int = knob(0, (HARMFUL, "the pair order and the initial score head"))
+    """Seeds the pair order and the initialisation of the score head (and of the LoRA adapter)."""
+
+
+RM_KEY_CLASSES = resume_classes(RMConfig)
+"""What changing each key between a checkpoint and its resumption does (see rlft.run_state)."""
+
+
+def validate_rm(cfg: RMConfig) -> None:
+    """Cross-field checks of ``rlft rm``'s config, each saying what to change."""
+    from rlft.algorithms import PREFERENCE_LOSSES  # torch: kept off the config check's start-up
+
+    PREFERENCE_LOSSES.check(cfg.loss, "loss")
+    check_model(cfg.model, cfg.trainer.device)
+    check_optim(cfg.optim)
+    d, t = cfg.data, cfg.trainer
+    if not d.path:
+        raise ConfigError("rlft rm needs data.path=FILE_OR_DIR: preference pairs with the columns "
+                          f"{d.prompt_field}, {d.chosen_field}, {d.rejected_field}")
+    for name, value in (("trainer.steps", t.steps), ("trainer.batch_size", t.batch_size),
+                        ("trainer.micro_batch_size", t.micro_batch_size)):
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be at least 1")
+    for name, value in (("trainer.eval_every", t.eval_every), ("trainer.save_every", t.save_every),
+                        ("trainer.keep_last", t.keep_last), ("data.num_eval", d.num_eval),
+                        ("data.max_length", d.max_length), ("trainer.stop_grace_s", t.stop_grace_s)):
+        if value < 0:
+            raise ConfigError(f"{name}={value} must be >= 0")
+    if d.system_prompt and not d.chat_template:
+        raise ConfigError("data.system_prompt is a chat message, but data.chat_template=false sends raw text: "
+                          "drop one of them")
+    if d.eval_split and d.eval_split == d.split and not d.eval_path:
+        raise ConfigError(f"data.eval_split={d.eval_split} is the training split (data.split): its rows would be "
+                          "trained on; drop data.eval_split to hold out the last data.num_eval rows instead")
+    fields = [d.prompt_field, d.chosen_field, d.rejected_field] + ([d.margin_field] if d.margin_field else [])
+    if len(set(fields)) < len(fields):
+        raise ConfigError(f"data.prompt_field/chosen_field/rejected_field/margin_field must name different columns, "
+                          f"got {fields}")

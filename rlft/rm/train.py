@@ -1,0 +1,199 @@
+"""``rlft rm``'s loop: batches of preference pairs -> Bradley-Terry loss -> AdamW -> log -> checkpoint,
+the held-out pairwise accuracy every ``trainer.eval_every`` steps, and the trained model exported
+as a Hugging Face sequence-classification directory at the end.
+
+Each step draws the next ``trainer.batch_size`` pairs of a seeded order (a new permutation each
+epoch), so the data position is one number and a resumed run continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from rlft import checkpoint as ckpt
+from rlft import run_state
+from rlft.algorithms.preference import PREFERENCE_LOSSES, pairwise_accuracy
+from rlft.errors import DataError
+from rlft.failure import GracefulStop
+from rlft.learner import adamw
+from rlft.models.device import resolve_device
+from rlft.models.loading import quiet_libraries
+from rlft.models.precision import Precision
+from rlft.models.precision import resolve as resolve_precision
+from rlft.plots import plot_run
+from rlft.rm import state as rm_state
+from rlft.rm.data import Encoded, encode_pairs, load_pairs
+from rlft.rm.model import RewardModel, build_reward_model, save_reward_model
+from rlft.tracking import Tracker, keep_metrics_through
+
+if TYPE_CHECKING:
+    from rlft.config.rm_schema import RMConfig
+
+EXPORT_DIR = "reward_model"
+"""Where the end of a run writes the trained model, in its run directory."""
+
+
+def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, float]:
+    """Train (or continue, per ``trainer.resume``) a reward model; returns the last step's metrics."""
+    from rlft.config.rm_schema import RM_KEY_CLASSES
+
+    t = cfg.trainer
+    resume = ckpt.resolve(t.resume, run_dir)
+    harmless = run_state.check_compatible(resume, resolved_yaml, 1, RM_KEY_CLASSES) if resume else []
+    if resume is None:
+        ckpt.check_fresh(run_dir, t.resume)
+    if t.threads > 0:
+        torch.set_num_threads(t.threads)
+    device = resolve_device(t.device)
+    dtype = run_state.trained_dtype(resume) if resume else None
+    precision = Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype else \
+        resolve_precision(cfg.model, device.type)
+    cfg.model.dtype = precision.dtype
+    quiet_libraries(keep_warnings=True)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    notes: list[str] = []
+    pairs = load_pairs(cfg.data)  # before the model: a data error costs no model load
+    rm = build_reward_model(cfg.model, cfg.seed, device, notes)
+    train_pairs, long_train = encode_pairs(pairs.train, rm.tokenizer, cfg.data)
+    eval_pairs, long_eval = encode_pairs(pairs.eval, rm.tokenizer, cfg.data)
+    if not train_pairs:
+        raise DataError(f"data.max_length={cfg.data.max_length}: all {len(pairs.train)} training pairs are longer")
+    optimizer, scheduler = adamw([{"params": list(rm.trainable().values()), "lr": cfg.optim.lr}], cfg.optim, t.steps)
+    st = rm_state.restore(rm, optimizer, scheduler, resume) if resume else rm_state.RMState()
+    start = st.step
+    run_dir.mkdir(parents=True, exist_ok=True)
+    keep_metrics_through(run_dir / "metrics.jsonl", st.step if resume else -1,
+                         resume.parent.parent / "metrics.jsonl" if resume else None)
+    (run_dir / "config.yaml").write_text(resolved_yaml)
+    tracker = Tracker(run_dir, cfg, t.steps, cfg.logger.console, None, st.step)
+    try:
+        tracker.info(f"run dir {run_dir} | reward model {cfg.model.name} "
+                     f"({f'LoRA r={cfg.model.lora.r} + score head' if rm.lora else 'full'}) on {device} | "
+                     f"{len(train_pairs)} training pairs, {len(eval_pairs)} held out | {precision.reason}")
+        for line in notes + _dropped_lines(pairs.identical, (long_train, long_eval), cfg.data.max_length):
+            tracker.info(line)
+        if resume:
+            tracker.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
+        _loop(cfg, rm, optimizer, scheduler, st, train_pairs, eval_pairs, tracker, run_dir, resolved_yaml)
+        if st.step > start:
+            path = rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, precision.dtype)
+            tracker.info(f"done: final checkpoint {path}")
+        if t.export:
+            out = save_reward_model(rm, run_dir / EXPORT_DIR, replace=True)
+            tracker.info(f"exported the reward model to {out} (AutoModelForSequenceClassification)")
+    finally:
+        tracker.close()
+    plot_run(run_dir)
+    return st.metrics
+
+
+def _dropped_lines(identical: tuple[int, int], long: tuple[int, int], max_length: int) -> list[str]:
+    lines = []
+    if any(identical):
+        lines.append(f"dropped pairs whose chosen and rejected replies are the same: {identical[0]} training, "
+                     f"{identical[1]} held-out")
+    if any(long):
+        lines.append(f"dropped pairs longer than data.max_length={max_length} tokens: {long[0]} training, "
+                     f"{long[1]} held-out")
+    return lines
+
+
+def _loop(cfg: RMConfig, rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: object,
+          st: rm_state.RMState, train_pairs: list[Encoded], eval_pairs: list[Encoded], tracker: Tracker,
+          run_dir: Path, resolved_yaml: str) -> None:
+    t = cfg.trainer
+    loss_fn = PREFERENCE_LOSSES.get(cfg.loss)
+    if t.eval_at_start and st.step == 0 and eval_pairs:
+        tracker.log_step(0, evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn))
+    with GracefulStop(grace_s=t.stop_grace_s) as stop:
+        for step in range(st.step + 1, t.steps + 1):
+            batch = [train_pairs[i] for i in batch_indices(st.cursor, t.batch_size, len(train_pairs), cfg.seed)]
+            t0 = time.perf_counter()
+            metrics = train_step(rm, batch, optimizer, scheduler, t.micro_batch_size, cfg.optim.max_grad_norm, loss_fn)
+            metrics["time/step_s"] = time.perf_counter() - t0
+            if eval_pairs and (step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)):
+                metrics.update(evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn))
+            st.step, st.cursor, st.metrics = step, st.cursor + len(batch), metrics
+            tracker.log_step(step, metrics)
+            stopping = stop.requested and step < t.steps
+            if stopping:
+                stop.step_done()
+            if step < t.steps and (stopping or (t.save_every > 0 and step % t.save_every == 0)):
+                rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, cfg.model.dtype)
+            if stopping:
+                tracker.info(f"stopped by a signal after step {step}; saved it")
+                raise KeyboardInterrupt
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+
+
+def batch_indices(cursor: int, size: int, n: int, seed: int) -> list[int]:
+    """The pairs drawn at positions ``cursor .. cursor + size - 1`` of the seeded order: every pair once
+    per epoch, a new permutation each epoch (a batch may straddle two epochs)."""
+    return [_epoch_order(n, seed, i // n)[i % n] for i in range(cursor, cursor + size)]
+
+
+def _chunks(items: list[Encoded], size: int) -> Iterator[list[Encoded]]:
+    for i in range(0, len(items), size):
+        yield items[i: i + size]
+
+
+def _pair_scores(rm: RewardModel, pairs: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(r_chosen, r_rejected, margin)`` of the pairs: both replies scored in one padded pass."""
+    scores = rm.scores([p.chosen for p in pairs] + [p.rejected for p in pairs])
+    margin = None
+    if pairs[0].margin is not None:
+        margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32, device=scores.device)
+    return scores[: len(pairs)], scores[len(pairs):], margin
+
+
+def train_step(rm: RewardModel, batch: list[Encoded], optimizer: torch.optim.Optimizer, scheduler: object,
+               micro_batch_size: int, max_grad_norm: float, loss_fn: object) -> dict[str, float]:
+    """One optimizer step over ``batch`` (gradients accumulated over micro-batches, each weighted by its
+    share of the pairs, so the step is that of the batch's mean loss); returns its metrics."""
+    rm.model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = acc_sum = margin_sum = 0.0
+    for chunk in _chunks(batch, micro_batch_size):
+        r_c, r_r, margin = _pair_scores(rm, chunk)
+        loss = loss_fn(r_c, r_r, margin)
+        (loss * (len(chunk) / len(batch))).backward()
+        loss_sum += loss.item() * len(chunk)
+        acc_sum += pairwise_accuracy(r_c, r_r).item() * len(chunk)
+        margin_sum += (r_c - r_r).sum().item()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    n = len(batch)
+    return {"rm/loss": loss_sum / n, "rm/accuracy": acc_sum / n, "rm/margin": margin_sum / n,
+            "rm/grad_norm": float(norm), "rm/lr": lr}
+
+
+@torch.no_grad()
+def evaluate(rm: RewardModel, pairs: list[Encoded], micro_batch_size: int, loss_fn: object) -> dict[str, float]:
+    """Held-out pairwise accuracy (a tie counts as wrong), loss and mean score gap."""
+    rm.model.eval()
+    loss_sum = acc_sum = margin_sum = 0.0
+    for chunk in _chunks(pairs, micro_batch_size):
+        r_c, r_r, margin = _pair_scores(rm, chunk)
+        loss_sum += loss_fn(r_c, r_r, margin).item() * len(chunk)
+        acc_sum += pairwise_accuracy(r_c, r_r).item() * len(chunk)
+        margin_sum += (r_c - r_r).sum().item()
+    rm.model.train()
+    n = len(pairs)
+    return {"eval/rm_accuracy": acc_sum / n, "eval/rm_loss": loss_sum / n, "eval/rm_margin": margin_sum / n}
