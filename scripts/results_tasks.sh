@@ -21,16 +21,8 @@ for d in gsm8k countdown arith3; do
   if [ -e "$OUT/$d" ]; then echo "$OUT/$d exists: choose another OUT_DIR" >&2; exit 2; fi
 done
 
-gemm() {
-  "$PY" -c "import torch; from rlft.models.precision import gemm_gflops; print(f'{gemm_gflops(torch.float32, 1024, 576, 1536):.0f}')"
-}
-stamp() { date +%s; }
-timed() {  # NAME CMD...: run CMD, append "NAME SECONDS" to $OUT/timings.txt
-  local name=$1; shift
-  local t0; t0=$(stamp)
-  "$@"
-  echo "$name $(( $(stamp) - t0 ))" >> "$OUT/timings.txt"
-}
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' > "$OUT/cpu.txt"
 echo "gemm_before $(gemm)" > "$OUT/gemm.txt"
