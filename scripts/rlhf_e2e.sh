@@ -3,7 +3,7 @@
 # trained by that reward model alone, the rule checker (math_correct) only watching.
 # One after another (never in parallel) on SmolLM2-135M-Instruct, 2-digit additions:
 #   1. scripts/rlhf_pairs.py: 8 replies per problem sampled from the base model, a correct one paired
-#      with a wrong one (training pairs from training problems, held-out pairs from held-out ones);
+#      with a wrong one (the pairs of the last quarter of the problems held out);
 #   2. rlft rm: a Bradley-Terry reward model (LoRA) on those pairs, held-out pairwise accuracy;
 #   3. rlft train algo=grpo and algo=ppo with reward=model (no reward function), reward.gold=math_correct
 #      logged beside reward/model, greedy held-out accuracy (the rule checker) at the start and end;
@@ -30,7 +30,7 @@ echo "gemm_before $(gemm)" > "$OUT/gemm.txt"
 : > "$OUT/timings.txt"
 
 if [ ! -s "$PAIRS/train.jsonl" ]; then
-  timed pairs "$PY" scripts/rlhf_pairs.py "$PAIRS" --train-problems 400 --eval-problems 100 --samples 8
+  timed pairs "$PY" scripts/rlhf_pairs.py "$PAIRS" --problems 400 --held-out 0.25 --samples 8
 fi
 timed rm "$RLFT" rm model=smollm2_135m "data.path=$PAIRS/train.jsonl" "data.eval_path=$PAIRS/eval.jsonl" \
   "trainer.steps=$RM_STEPS" trainer.batch_size=8 trainer.eval_every=25 "hydra.run.dir=$OUT/rm"

@@ -2,11 +2,12 @@
 
 Samples K replies per problem from SmolLM2-135M-Instruct (temperature 1, transformers' own
 ``generate``), checks each with the rule checker (``math_correct``), and pairs a correct reply
-(chosen) with a wrong one (rejected) for every problem that has both. Training pairs come from
-training problems and held-out pairs from the task's held-out problems, so the reward model's
-held-out accuracy is measured on problems it never saw.
+(chosen) with a wrong one (rejected) for every problem that has both. The pairs of the last
+``--held-out`` share of the problems are held out (OUT_DIR/eval.jsonl), so the reward model's held-out
+accuracy is measured on problems it never saw; all problems are training problems of the task, so the
+policy's held-out problems (the same seed) are never among them.
 
-    python scripts/rlhf_pairs.py OUT_DIR [--train-problems 400] [--eval-problems 100] [--samples 8]
+    python scripts/rlhf_pairs.py OUT_DIR [--problems 400] [--held-out 0.25] [--samples 8]
 
 Writes OUT_DIR/train.jsonl and OUT_DIR/eval.jsonl, rows ``{"prompt", "chosen", "rejected"}``
 (``prompt`` is the user message; chat templating is the reward model's job), and prints counts.
@@ -62,8 +63,8 @@ def pairs(problems: list[Problem], replies: list[list[str]], rng: random.Random)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--train-problems", type=int, default=400)
-    ap.add_argument("--eval-problems", type=int, default=100)
+    ap.add_argument("--problems", type=int, default=400)
+    ap.add_argument("--held-out", type=float, default=0.25)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--batch", type=int, default=16)
@@ -77,19 +78,20 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     # The schema's data settings and seed, as `rlft train` uses them: the policy's held-out problems are
     # then never among the reward model's training problems.
-    task = build_task(DataConfig(), seed=args.seed)
-    splits = {"train": task.batch(0, args.train_problems), "eval": task.eval_problems[:args.eval_problems]}
+    problems = build_task(DataConfig(), seed=args.seed).batch(0, args.problems)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    for name, problems in splits.items():
-        replies = sample_replies(model, tok, problems, args.samples, args.max_new_tokens, args.batch)
-        rows = pairs(problems, replies, rng)
-        correct = sum(math_correct(p.prompt, r, p.answer) for p, rs in zip(problems, replies) for r in rs)
+    replies = sample_replies(model, tok, problems, args.samples, args.max_new_tokens, args.batch)
+    correct = sum(math_correct(p.prompt, r, p.answer) for p, rs in zip(problems, replies) for r in rs)
+    print(f"{len(problems)} problems x {args.samples} replies: {correct / (len(problems) * args.samples):.3f} correct "
+          f"({time.perf_counter() - t0:.0f} s)")
+    rows = pairs(problems, replies, rng)
+    prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    held = set(prompts[len(prompts) - round(len(prompts) * args.held_out):])
+    for name, part in (("train", [r for r in rows if r["prompt"] not in held]), ("eval", [r for r in rows if r["prompt"] in held])):
         with open(args.out / f"{name}.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        print(f"{name}: {len(problems)} problems x {args.samples} replies, {correct / (len(problems) * args.samples):.3f} "
-              f"correct, {len(rows)} pairs -> {args.out / (name + '.jsonl')}")
-    print(f"{time.perf_counter() - t0:.0f} s")
+            f.writelines(json.dumps(r) + "\n" for r in part)
+        print(f"{name}: {len(part)} pairs from {len({r['prompt'] for r in part})} problems -> {args.out / (name + '.jsonl')}")
 
 
 if __name__ == "__main__":
