@@ -1,6 +1,6 @@
 """rlft rm vs TRL's RewardTrainer on the same preference pairs (issue 25).
 
-    python scripts/compare_trl_rm.py --train PAIRS.jsonl --eval HELD_OUT.jsonl [--model smollm2_135m|tiny]
+    python scripts/compare_trl_rm.py --train PAIRS.jsonl [--eval HELD_OUT.jsonl | --num-eval 32] [--model smollm2_135m|tiny]
         [--steps 60] [--batch-size 8] [--lr 5e-4] [--warmup 5] [--seed 0] [--max-length 1024]
         [--dtype fp32|bf16] [--repeat] [--trl-path DIR] [--trl-gc] [--json OUT]
 
@@ -66,7 +66,8 @@ SKIP = 2  # steps left out of the median (first calls pick kernels and touch mem
 def overrides(a: argparse.Namespace) -> list[str]:
     """The job as ``rlft rm`` overrides; the TRL runner composes the same config to read its settings."""
     return [f"model={a.model}", f"model.dtype={a.dtype}", "model.gradient_checkpointing=false",
-            f"data.path={a.train}", f"data.eval_path={a.eval}", f"data.max_length={a.max_length}",
+            f"data.path={a.train}", f"data.eval_path={a.eval}" if a.eval else f"data.num_eval={a.num_eval}",
+            f"data.max_length={a.max_length}",
             f"trainer.steps={a.steps}", f"trainer.batch_size={a.batch_size}",
             f"trainer.micro_batch_size={a.batch_size}", "trainer.eval_every=0", "trainer.eval_at_start=false",
             "trainer.export=false", "trainer.device=cpu", f"optim.lr={a.lr}", f"optim.warmup_steps={a.warmup}",
@@ -274,7 +275,8 @@ def compare(a: argparse.Namespace) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", required=True, help="training pairs (jsonl: prompt, chosen, rejected)")
-    p.add_argument("--eval", required=True, help="held-out pairs (same columns)")
+    p.add_argument("--eval", help="held-out pairs (same columns; default: the last --num-eval rows of --train)")
+    p.add_argument("--num-eval", type=int, default=32, help="rows held out of --train when --eval is not given")
     p.add_argument("--model", default="smollm2_135m", help="rlft's model group: smollm2_135m, or tiny for a check")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=8, help="pairs per optimizer step (one pass, no accumulation)")
