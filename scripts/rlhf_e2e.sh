@@ -9,7 +9,7 @@
 #      logged beside reward/model, greedy held-out accuracy (the rule checker) at the start and end;
 #   4. the GEMM figure before and after, a summary table and the model-vs-gold plots.
 #
-#   scripts/rlhf_e2e.sh [OUT_DIR]      (STEPS=40 RM_STEPS=150 SAMPLER=vllm PAIRS=DIR to reuse pairs)
+#   scripts/rlhf_e2e.sh [OUT_DIR]      (STEPS=40 RM_STEPS=150 EVAL=10 RM_EVAL=25 SAMPLER=vllm PAIRS=DIR to reuse pairs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/rlhf}
@@ -17,6 +17,8 @@ RLFT=${RLFT:-.venv/bin/rlft}
 PY=${PY:-.venv/bin/python}
 STEPS=${STEPS:-40}
 RM_STEPS=${RM_STEPS:-150}
+RM_EVAL=${RM_EVAL:-25}
+EVAL=${EVAL:-10}
 SAMPLER=${SAMPLER:-vllm}
 PAIRS=${PAIRS:-$OUT/pairs}
 mkdir -p "$OUT"
@@ -33,10 +35,10 @@ if [ ! -s "$PAIRS/train.jsonl" ]; then
   timed pairs "$PY" scripts/rlhf_pairs.py "$PAIRS" --problems 400 --held-out 0.25 --samples 8
 fi
 timed rm "$RLFT" rm model=smollm2_135m "data.path=$PAIRS/train.jsonl" "data.eval_path=$PAIRS/eval.jsonl" \
-  "trainer.steps=$RM_STEPS" trainer.batch_size=8 trainer.eval_every=25 "hydra.run.dir=$OUT/rm"
+  "trainer.steps=$RM_STEPS" trainer.batch_size=8 "trainer.eval_every=$RM_EVAL" "hydra.run.dir=$OUT/rm"
 RM="$OUT/rm/reward_model"
 COMMON=(model=smollm2_135m reward=model "reward.models=[{path: '$RM'}]" reward.gold=math_correct "sampler=$SAMPLER"
-        "trainer.steps=$STEPS" trainer.eval_every=10 trainer.eval_at_start=true)
+        "trainer.steps=$STEPS" "trainer.eval_every=$EVAL" trainer.eval_at_start=true)
 timed grpo "$RLFT" train algo=grpo "${COMMON[@]}" "hydra.run.dir=$OUT/grpo"
 timed ppo "$RLFT" train algo=ppo "${COMMON[@]}" "hydra.run.dir=$OUT/ppo"
 echo "gemm_after $(gemm)" >> "$OUT/gemm.txt"
