@@ -58,10 +58,12 @@ class App:
     job: Callable[[Any, Path, bool, dict[str, Any], float], float]
     """``job(raw, run_dir, in_sweep, status, t0)``: one job on the composed config; returns its result for
     sweepers; raises an RlftError (one line) or KeyboardInterrupt as ``rlft train``'s does. It sets
-    ``status[_REPORTED]`` when it wrote the job's status itself (trainer.nproc's ranks)."""
+    ``status[REPORTED]`` when it wrote the job's status itself (trainer.nproc's ranks: :func:`run_ranks`)."""
+    result: str = "eval/accuracy"
+    """The metric a job returns to sweepers (its last value in metrics.jsonl)."""
 
 
-_REPORTED = "_reported"
+REPORTED = "_reported"
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -207,9 +209,8 @@ def _train_job(raw: Any, run_dir: Path, in_sweep: bool, status: dict[str, Any], 
     cfg = to_config(raw)
     if cfg.trainer.nproc > 1 and not launched():
         preflight(cfg, cfg.trainer.nproc)
-        status[_REPORTED] = True  # the launcher's rank 0 (or _run_ranks) wrote job.json
-        return _run_ranks(cfg.trainer.nproc, list(HydraConfig.get().overrides.task), run_dir, in_sweep, status, t0)
-    _check_nproc(cfg.trainer.nproc)
+        return run_ranks(TRAIN_APP, cfg.trainer.nproc, run_dir, in_sweep, status, t0)
+    check_nproc(cfg.trainer.nproc)
     metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
     return final_accuracy(metrics)
 
@@ -225,7 +226,7 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path, app: App) -> float:
     t0 = time.perf_counter()
     try:
         result = app.job(raw, run_dir, in_sweep, status, t0)
-        if status.pop(_REPORTED, False):
+        if status.pop(REPORTED, False):
             return result
     except RlftError as e:  # any of them: its one line, its class's exit code
         status.update(failed(e))
@@ -260,7 +261,7 @@ def _job(raw: Any, in_sweep: bool, dp: Any, run_dir: Path, app: App) -> float:
     return result
 
 
-def _check_nproc(nproc: int) -> None:
+def check_nproc(nproc: int) -> None:
     from rlft.distributed import launched  # torch
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -287,10 +288,11 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
-def _run_ranks(nproc: int, overrides: list[str], run_dir: Path, in_sweep: bool, status: dict[str, Any],
-               t0: float) -> float:
+def run_ranks(app: App, nproc: int, run_dir: Path, in_sweep: bool, status: dict[str, Any], t0: float) -> float:
     """``trainer.nproc=N``: this job's N ranks through torch's launcher (rlft.launch); rank 0 writes job.json."""
-    code, result = launch(nproc, rank_args(overrides, JobState.flags, run_dir), run_dir)
+    status[REPORTED] = True  # the launcher's rank 0 (or the lines below) writes job.json
+    overrides = list(HydraConfig.get().overrides.task)
+    code, result = launch(nproc, rank_args(overrides, JobState.flags, run_dir, app.command), run_dir, app.result)
     if not rank_status(run_dir):
         status.update(status="ok" if code == 0 else "failed", exit_code=code,
                       error="" if code == 0 else f"a rank exited with code {code}")

@@ -1,6 +1,6 @@
 """``trainer.nproc=N``: start N ranks of a job on this machine through torch's own launcher
-(the elastic agent behind ``torchrun --standalone``), each running ``python -m rlft train`` with
-the job's overrides and its run directory. The job waits for them and takes their outcome.
+(the elastic agent behind ``torchrun --standalone``), each running ``python -m rlft train`` (or
+``rlft rm``) with the job's overrides and its run directory. The job waits for them and takes their outcome.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from rlft.tracking import read_metrics
 CONFIG_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
 
 
-def rank_args(overrides: list[str], flags: list[str], run_dir: Path) -> list[str]:
-    """``rlft train`` arguments for each rank: the config flags, the job's overrides, its directory."""
+def rank_args(overrides: list[str], flags: list[str], run_dir: Path, command: str = "train") -> list[str]:
+    """``rlft COMMAND`` arguments for each rank: the config flags, the job's overrides, its directory."""
     keep: list[str] = []
     for i, f in enumerate(flags):
         if f in CONFIG_FLAGS and i + 1 < len(flags):
             keep += [f, flags[i + 1]]
-    return ["-m", "rlft", "train", *keep, *without(overrides, "hydra.run.dir"), f"hydra.run.dir={run_dir}"]
+    return ["-m", "rlft", command, *keep, *without(overrides, "hydra.run.dir"), f"hydra.run.dir={run_dir}"]
 
 
 def without(overrides: list[str], *keys: str) -> list[str]:
@@ -34,11 +34,12 @@ def without(overrides: list[str], *keys: str) -> list[str]:
     return [o for o in overrides if o.lstrip("+~").partition("=")[0] not in keys]
 
 
-def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
+def launch(nproc: int, args: list[str], run_dir: Path, result: str = "eval/accuracy") -> tuple[int, float]:
     """Run ``python ARGS`` as ``nproc`` ranks (gloo/NCCL rendezvous on localhost).
 
     Returns:
-        The exit code (0, or the code of the rank that failed first) and the final ``eval/accuracy`` (NaN if none).
+        The exit code (0, or the code of the rank that failed first) and the last value of the metric
+        ``result`` in the run's metrics.jsonl (NaN if none).
     """
     # torch (seconds) only here: rlft.app imports this module before it checks the overrides.
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -63,17 +64,17 @@ def launch(nproc: int, args: list[str], run_dir: Path) -> tuple[int, float]:
         code = code if code > 0 else 128 - code  # killed by signal -s: the shell's 128 + s
     except SignalException as e:  # Ctrl-C / SIGTERM: the agent passed it to the ranks, which saved
         code = 128 + int(e.sigval)
-    return code, _final_accuracy(run_dir)
+    return code, _last_value(run_dir, result)
 
 
-def _final_accuracy(run_dir: Path) -> float:
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
-    return final_accuracy(records[-1] if records else {})
+def _last_value(run_dir: Path, key: str) -> float:
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if key in r]
+    return final_accuracy(records[-1] if records else {}, key)
 
 
-def final_accuracy(metrics: dict[str, Any]) -> float:
-    """A job's result for sweepers: its last ``eval/accuracy`` (NaN when it has none)."""
-    value = metrics.get("eval/accuracy")
+def final_accuracy(metrics: dict[str, Any], key: str = "eval/accuracy") -> float:
+    """A job's result for sweepers: its last ``key`` (``eval/accuracy``; NaN when it has none)."""
+    value = metrics.get(key)
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 

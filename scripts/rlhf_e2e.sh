@@ -9,7 +9,8 @@
 #      logged beside reward/model, greedy held-out accuracy (the rule checker) at the start and end;
 #   4. the GEMM figure before and after, a summary table and the model-vs-gold plots.
 #
-#   scripts/rlhf_e2e.sh [OUT_DIR]      (STEPS=40 RM_STEPS=150 EVAL=10 RM_EVAL=25 SAMPLER=vllm PAIRS=DIR to reuse pairs)
+#   scripts/rlhf_e2e.sh [OUT_DIR]      (STEPS=40 RM_STEPS=150 EVAL=10 RM_EVAL=25 SAMPLER=vllm; PAIRS=DIR to reuse
+#                                        pairs, RM_RUN=DIR to reuse an rlft rm run directory instead of step 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/rlhf}
@@ -21,8 +22,9 @@ RM_EVAL=${RM_EVAL:-25}
 EVAL=${EVAL:-10}
 SAMPLER=${SAMPLER:-vllm}
 PAIRS=${PAIRS:-$OUT/pairs}
+RM_RUN=${RM_RUN:-}
 mkdir -p "$OUT"
-for d in rm grpo ppo; do
+for d in $([ -z "$RM_RUN" ] && echo rm) grpo ppo; do
   if [ -e "$OUT/$d" ]; then echo "$OUT/$d exists: choose another OUT_DIR" >&2; exit 2; fi
 done
 # shellcheck source=scripts/lib.sh
@@ -34,9 +36,12 @@ echo "gemm_before $(gemm)" > "$OUT/gemm.txt"
 if [ ! -s "$PAIRS/train.jsonl" ]; then
   timed pairs "$PY" scripts/rlhf_pairs.py "$PAIRS" --problems 400 --held-out 0.25 --samples 8
 fi
-timed rm "$RLFT" rm model=smollm2_135m "data.path=$PAIRS/train.jsonl" "data.eval_path=$PAIRS/eval.jsonl" \
-  "trainer.steps=$RM_STEPS" trainer.batch_size=8 "trainer.eval_every=$RM_EVAL" "hydra.run.dir=$OUT/rm"
-RM="$OUT/rm/reward_model"
+if [ -z "$RM_RUN" ]; then
+  RM_RUN="$OUT/rm"
+  timed rm "$RLFT" rm model=smollm2_135m "data.path=$PAIRS/train.jsonl" "data.eval_path=$PAIRS/eval.jsonl" \
+    "trainer.steps=$RM_STEPS" trainer.batch_size=8 "trainer.eval_every=$RM_EVAL" "hydra.run.dir=$RM_RUN"
+fi
+RM="$RM_RUN/reward_model"
 COMMON=(model=smollm2_135m reward=model "reward.models=[{path: '$RM'}]" reward.gold=math_correct "sampler=$SAMPLER"
         "trainer.steps=$STEPS" "trainer.eval_every=$EVAL" trainer.eval_at_start=true)
 timed grpo "$RLFT" train algo=grpo "${COMMON[@]}" "hydra.run.dir=$OUT/grpo"
@@ -44,11 +49,11 @@ timed ppo "$RLFT" train algo=ppo "${COMMON[@]}" "hydra.run.dir=$OUT/ppo"
 echo "gemm_after $(gemm)" >> "$OUT/gemm.txt"
 
 "$PY" scripts/plot_runs.py "$OUT/rlhf" grpo="$OUT/grpo" ppo="$OUT/ppo"
-"$PY" - "$OUT" <<'EOF'
+"$PY" - "$OUT" "$RM_RUN" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-rows = [json.loads(l) for l in (out / "rm" / "metrics.jsonl").read_text().splitlines() if l.strip()]
+rows = [json.loads(l) for l in (Path(sys.argv[2]) / "metrics.jsonl").read_text().splitlines() if l.strip()]
 acc = [r["eval/rm_accuracy"] for r in rows if "eval/rm_accuracy" in r]
 print(f"reward model: held-out pairwise accuracy {acc[0]:.3f} -> {acc[-1]:.3f} ({len(acc)} evaluations)")
 print("| run | greedy accuracy first -> last | reward/model first -> last | reward/gold first -> last | steps |")

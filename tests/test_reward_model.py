@@ -355,6 +355,65 @@ def test_cli_resume_after_kill_is_exact(tmp_path):
     assert ra == rb and len(ra) == 10
 
 
+def test_batch_size_must_split_evenly_over_the_ranks():
+    from rlft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer.batch_size=8 must be a multiple of trainer.nproc=3"):
+        rm_compose(*FAST, "data.path=p.jsonl", "trainer.nproc=3", "trainer.batch_size=8")
+
+
+def test_each_rank_scores_an_equal_contiguous_share():
+    from rlft.distributed import DataParallel
+    from rlft.rm.train import _share
+
+    items = list(range(8))
+    shares = [_share(items, DataParallel(r, 2)) for r in range(2)]
+    assert shares == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert sum((_share(list(range(5)), DataParallel(r, 2)) for r in range(2)), []) == list(range(5))
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_reward_model_one_process_trains(tmp_path):
+    """trainer.nproc=2 (torch's launcher, gloo): each rank scores half of each batch and the gradients are
+    summed, so the weights, losses and held-out accuracy are one process's (to float summation order);
+    a 2-rank run stopped at step 2 and resumed on 2 ranks ends at the same place."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from rlft import checkpoint as ckpt
+    from tests.support import dist_env
+
+    write_pairs(tmp_path / "p.jsonl", 20)
+    fast = [a for a in FAST if not a.startswith("trainer.eval_every")]
+    args = ["rm", *fast, "data.path=p.jsonl", "data.num_eval=5", "trainer.micro_batch_size=4", "model.lora.dropout=0",
+            "trainer.eval_every=2"]
+
+    def rlft(*extra: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "rlft", *args, *extra], cwd=tmp_path, env=dist_env(),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    rlft("trainer.steps=4", "hydra.run.dir=one")
+    rlft("trainer.steps=2", "trainer.nproc=2", "hydra.run.dir=two")
+    rlft("trainer.steps=4", "trainer.nproc=2", "trainer.resume=auto", "hydra.run.dir=two")
+    final = {d: load_file(str(tmp_path / d / "checkpoints/step_000004/trainable.safetensors")) for d in ("one", "two")}
+    assert final["one"].keys() == final["two"].keys()
+    for k, a in final["one"].items():
+        assert float((a - final["two"][k]).norm() / a.norm().clamp(min=1e-12)) < 1e-5, k
+    steps = {d: {r["step"]: r for r in records(tmp_path / d)} for d in ("one", "two")}
+    assert sorted(steps["one"]) == sorted(steps["two"]) == [1, 2, 3, 4]
+    for step, r in steps["one"].items():
+        for key in ("rm/loss", "eval/rm_accuracy", "eval/rm_loss"):
+            if key in r:
+                assert steps["two"][step][key] == pytest.approx(r[key], rel=1e-5, abs=1e-6), (step, key)
+    assert steps["one"][4]["rm/loss"] < steps["one"][1]["rm/loss"]  # it trained
+    state = ckpt.read_json(tmp_path / "two/checkpoints/step_000004", ckpt.STATE)
+    assert state["world_size"] == 2 and json.loads((tmp_path / "two/job.json").read_text())["status"] == "ok"
+    assert (tmp_path / "two/reward_model/config.json").is_file()
+
+
 @pytest.mark.slow
 def test_cli_sweep_summarises_the_reward_models(tmp_path):
     import csv

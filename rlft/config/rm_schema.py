@@ -67,8 +67,12 @@ class PairsConfig:
 class RMTrainerConfig:
     steps: int = knob(100, (HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it"))
     """Optimizer steps."""
+    nproc: int = knob(1, (NUMERICS, "the order of the gradient sum over ranks"))
+    """Data-parallel ranks to start on this machine through torch's launcher (1: this process only;
+    under torchrun leave it 1: --nproc-per-node decides). trainer.batch_size must be a multiple of the ranks."""
     batch_size: int = knob(8, (HARMFUL, "the batch size"))
-    """Pairs per optimizer step (the pairs are shuffled each epoch, seeded by seed)."""
+    """Pairs per optimizer step (the pairs are shuffled each epoch, seeded by seed); under several ranks
+    each takes an equal share of them."""
     micro_batch_size: int = knob(8, (NUMERICS, "float summation order and padding of the gradient accumulation"))
     """Pairs per forward/backward pass (gradient accumulation inside a step)."""
     eval_every: int = knob(10, EVAL_ONLY)
@@ -91,6 +95,9 @@ class RMTrainerConfig:
     """Where the model trains: auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
     stop_grace_s: float = knob(300.0, WAITING)
     """After the first Ctrl-C/SIGTERM, how long the current step may take to finish (it is then saved)."""
+    dist_timeout_s: float = knob(300.0, WAITING)
+    """Under several ranks: how long a collective may wait for the other ranks before this rank ends
+    with one line saying another rank stopped answering."""
 
 
 @dataclass
@@ -122,7 +129,7 @@ def validate_rm(cfg: RMConfig) -> None:
     if not d.path:
         raise ConfigError("rlft rm needs data.path=FILE_OR_DIR: preference pairs with the columns "
                           f"{d.prompt_field}, {d.chosen_field}, {d.rejected_field}")
-    for name, value in (("trainer.steps", t.steps), ("trainer.batch_size", t.batch_size),
+    for name, value in (("trainer.steps", t.steps), ("trainer.batch_size", t.batch_size), ("trainer.nproc", t.nproc),
                         ("trainer.micro_batch_size", t.micro_batch_size)):
         if value < 1:
             raise ConfigError(f"{name}={value} must be at least 1")
@@ -131,6 +138,11 @@ def validate_rm(cfg: RMConfig) -> None:
                         ("data.max_length", d.max_length), ("trainer.stop_grace_s", t.stop_grace_s)):
         if value < 0:
             raise ConfigError(f"{name}={value} must be >= 0")
+    if t.batch_size % t.nproc:
+        raise ConfigError(f"trainer.batch_size={t.batch_size} must be a multiple of trainer.nproc={t.nproc}: "
+                          "each rank takes an equal share of a step's pairs")
+    if t.dist_timeout_s <= 0:
+        raise ConfigError(f"trainer.dist_timeout_s={t.dist_timeout_s:g} must be > 0")
     if d.system_prompt and not d.chat_template:
         raise ConfigError("data.system_prompt is a chat message, but data.chat_template=false sends raw text: "
                           "drop one of them")

@@ -154,8 +154,11 @@ def build_judges(cfg: Config, dtype: str, device: torch.device | str = "cpu") ->
         model_cfg = judge_model_config(j, cfg.model, dtype)
         backend = resolve_sampler_name(j.sampler if j.sampler != "auto" else cfg.sampler.name)
         sampler_cfg = dataclasses.replace(cfg.sampler, name=backend, n=1, max_new_tokens=j.max_new_tokens)
+        # A vLLM engine loads its own weights: the transformers copy (stop tokens; tiny's weights to save
+        # for the engine) stays on the CPU, not on the GPU whose free memory the engine sizes itself by.
+        where = device if backend == "hf" else "cpu"
         try:
-            model, tokenizer = load_base(model_cfg, DTYPES[dtype], cfg.seed, device)
+            model, tokenizer = load_base(model_cfg, DTYPES[dtype], cfg.seed, where)
         except ModelError as e:
             raise ModelError(f"reward.judges[{i}].model={j.model}: {e}") from None
         sampler = build_sampler(sampler_cfg, model_cfg, model, tokenizer, cfg.seed, device)

@@ -8,11 +8,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlft.app import App, run_task
+from rlft.app import App, check_nproc, run_ranks, run_task
 from rlft.app import run as run_app
 from rlft.config.loading import Schema, compose_on, group_options, to_config
 from rlft.config.rm_schema import RM_GROUPS, RMConfig, validate_rm
-from rlft.errors import ConfigError
 
 # torch, transformers and peft are imported inside the functions that need them: `rlft rm --help`
 # and a wrong override are answered before they load.
@@ -29,14 +28,15 @@ def _job(raw: Any, run_dir: Path, in_sweep: bool, status: dict[str, Any], t0: fl
     from rlft.distributed import launched  # torch
     from rlft.rm.train import train_rm  # torch
 
-    if launched():
-        raise ConfigError("rlft rm runs in one process: start it without torchrun")
     cfg = to_config(raw, RM_SCHEMA)
+    if cfg.trainer.nproc > 1 and not launched():
+        return run_ranks(RM_APP, cfg.trainer.nproc, run_dir, in_sweep, status, t0)
+    check_nproc(cfg.trainer.nproc)
     metrics = train_rm(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
     return float(metrics.get("eval/rm_accuracy", float("nan")))
 
 
-RM_APP = App("rm", RM_SCHEMA, task, _job)
+RM_APP = App("rm", RM_SCHEMA, task, _job, result="eval/rm_accuracy")
 
 
 USAGE = """usage: rlft rm [KEY=VALUE ...] [-m] [HYDRA FLAGS]
@@ -49,6 +49,7 @@ conf/rm.yaml (a Hydra application, like rlft train).
   rlft rm model=tiny model.lora.enabled=false ...    full fine-tuning
   rlft rm ... hydra.run.dir=runs/rm1 trainer.resume=auto     continue a stopped run
   rlft rm -m optim.lr=1e-4,5e-4 data.path=pairs.jsonl        a sweep
+  rlft rm trainer.nproc=2 ...                        2 data-parallel ranks (or: torchrun --nproc-per-node 2 -m rlft rm ...)
   rlft rm --cfg job                                  print the composed config
   rlft export runs/rm1 rm_out/                       a checkpoint as a sequence-classification directory
 

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from rlft import checkpoint as ckpt
+from rlft.distributed import SINGLE, DataParallel
 from rlft.rm.model import RewardModel
 from rlft.run_state import CONFIG, CUDA_RNG, OPTIMIZER, RNG, WEIGHTS, restore_device_rng
 
@@ -39,13 +40,25 @@ def is_reward_checkpoint(path: Path) -> bool:
         return False
 
 
-def save(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, state: RMState, run_dir: Path,
-         config_yaml: str, keep_last: int, compute_dtype: str) -> Path:
-    """Checkpoint after ``state.step`` steps; prune to ``keep_last`` (0: keep all)."""
-    opt = optimizer.state_dict()
+def _own_rng(device: torch.device) -> dict[str, Tensor]:
     rng = {"torch": torch.get_rng_state()}
-    if rm.device.type == "cuda":
-        rng[CUDA_RNG] = torch.cuda.get_rng_state(rm.device)
+    if device.type == "cuda":  # dropout on the GPU draws from the device's generator
+        rng[CUDA_RNG] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def save(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, state: RMState, run_dir: Path,
+         config_yaml: str, keep_last: int, compute_dtype: str, dp: DataParallel = SINGLE) -> Path | None:
+    """Checkpoint after ``state.step`` steps; prune to ``keep_last`` (0: keep all). Under several ranks a
+    collective: the weights and optimizer are the same on every rank, each rank's random state is
+    gathered (rank r's under ``rank{r}.`` names) and rank 0 writes; the other ranks get None."""
+    ranks = dp.all_gather(_own_rng(rm.device))
+    if not dp.main:
+        return None
+    opt = optimizer.state_dict()
+    rng = dict(ranks[0])
+    for r, own in enumerate(ranks[1:], 1):
+        rng.update({f"rank{r}.{k}": v for k, v in own.items()})
     tensors = {
         WEIGHTS: rm.trainable(),
         OPTIMIZER: {f"{pid}.{k}": v for pid, s in opt["state"].items() for k, v in s.items()},
@@ -53,7 +66,7 @@ def save(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, stat
     }
     saved = {"kind": KIND, "step": state.step, "cursor": state.cursor, "compute_dtype": compute_dtype,
              "optimizer_param_groups": opt["param_groups"], "scheduler": scheduler.state_dict(),
-             "metrics": state.metrics}
+             "metrics": state.metrics, "world_size": dp.world}
     path = ckpt.write_checkpoint(run_dir / "checkpoints", state.step, tensors, {ckpt.STATE: saved, CONFIG: config_yaml})
     ckpt.prune(run_dir / "checkpoints", keep_last)
     return path
@@ -78,8 +91,9 @@ def load_weights(rm: RewardModel, path: Path) -> None:
             p.copy_(saved[name])
 
 
-def restore(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, path: Path) -> RMState:
-    """Put a checkpoint's whole training state back; returns the loop's state."""
+def restore(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, path: Path, rank: int = 0) -> RMState:
+    """Put a checkpoint's whole training state back (rank ``rank``'s random state, rank 0's when it was
+    written by fewer ranks); returns the loop's state."""
     saved = ckpt.read_json(path, ckpt.STATE)
     load_weights(rm, path)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -90,6 +104,9 @@ def restore(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, p
     optimizer.load_state_dict({"state": moments, "param_groups": saved["optimizer_param_groups"]})
     scheduler.load_state_dict(saved["scheduler"])
     rng = ckpt.read_tensors(path, RNG)
+    prefix = f"rank{rank}."
+    if rank > 0 and f"{prefix}torch" in rng:
+        rng = {k.removeprefix(prefix): v for k, v in rng.items() if k.startswith(prefix)}
     torch.set_rng_state(rng["torch"])
     restore_device_rng(rng, rm.device)
     return RMState(int(saved["step"]), int(saved["cursor"]), saved.get("metrics", {}))

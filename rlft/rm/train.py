@@ -21,7 +21,8 @@ import torch
 from rlft import checkpoint as ckpt
 from rlft import run_state
 from rlft.algorithms.preference import PREFERENCE_LOSSES, pairwise_accuracy
-from rlft.errors import DataError
+from rlft.distributed import SINGLE, DataParallel, from_environment, local_rank
+from rlft.errors import ConfigError, DataError
 from rlft.failure import GracefulStop
 from rlft.learner import adamw
 from rlft.models.device import resolve_device
@@ -42,17 +43,25 @@ EXPORT_DIR = "reward_model"
 
 
 def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, float]:
-    """Train (or continue, per ``trainer.resume``) a reward model; returns the last step's metrics."""
+    """Train (or continue, per ``trainer.resume``) a reward model; returns the last step's metrics.
+
+    Under torchrun every rank calls this with the same ``run_dir``: each scores its share of every
+    batch, the gradients are summed over the ranks (each rank's loss is its share of the batch's
+    mean), so every rank takes the step one process would; rank 0 logs and writes."""
     from rlft.config.rm_schema import RM_KEY_CLASSES
 
     t = cfg.trainer
+    dp = from_environment()
+    dp.set_timeout(t.dist_timeout_s)
+    if t.batch_size % dp.world:
+        raise ConfigError(f"trainer.batch_size={t.batch_size} must be a multiple of the {dp.world} ranks")
     resume = ckpt.resolve(t.resume, run_dir)
-    harmless = run_state.check_compatible(resume, resolved_yaml, 1, RM_KEY_CLASSES) if resume else []
+    harmless = run_state.check_compatible(resume, resolved_yaml, dp.world, RM_KEY_CLASSES) if resume else []
     if resume is None:
         ckpt.check_fresh(run_dir, t.resume)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
-    device = resolve_device(t.device)
+    device = resolve_device(t.device, local_rank() if dp.active else None)
     dtype = run_state.trained_dtype(resume) if resume else None
     precision = Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype else \
         resolve_precision(cfg.model, device.type)
@@ -69,32 +78,55 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
     if not train_pairs:
         raise DataError(f"data.max_length={cfg.data.max_length}: all {len(pairs.train)} training pairs are longer")
     optimizer, scheduler = adamw([{"params": list(rm.trainable().values()), "lr": cfg.optim.lr}], cfg.optim, t.steps)
-    st = rm_state.restore(rm, optimizer, scheduler, resume) if resume else rm_state.RMState()
+    st = rm_state.restore(rm, optimizer, scheduler, resume, dp.rank) if resume else rm_state.RMState()
     start = st.step
+    out = _open_outputs(dp, run_dir, cfg, resolved_yaml, st.step, resume)
+    try:
+        ranks = f" x {dp.world} ranks" if dp.active else ""
+        out.info(f"run dir {run_dir} | reward model {cfg.model.name} "
+                 f"({f'LoRA r={cfg.model.lora.r} + score head' if rm.lora else 'full'}) on {device}{ranks} | "
+                 f"{len(train_pairs)} training pairs, {len(eval_pairs)} held out | {precision.reason}")
+        for line in notes + _dropped_lines(pairs.identical, (long_train, long_eval), cfg.data.max_length):
+            out.info(line)
+        if resume:
+            out.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
+        _loop(cfg, rm, optimizer, scheduler, st, train_pairs, eval_pairs, out, run_dir, resolved_yaml, dp)
+        if st.step > start:
+            path = rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, precision.dtype, dp)
+            out.info(f"done: final checkpoint {path}")
+        if t.export and dp.main:
+            exported = save_reward_model(rm, run_dir / EXPORT_DIR, replace=True)
+            out.info(f"exported the reward model to {exported} (AutoModelForSequenceClassification)")
+    finally:
+        out.close()
+    if dp.main:
+        plot_run(run_dir)
+    return st.metrics
+
+
+class _Silent:
+    """The writer of a rank other than 0: it says and writes nothing."""
+
+    def info(self, message: str) -> None:
+        pass
+
+    def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _open_outputs(dp: DataParallel, run_dir: Path, cfg: RMConfig, resolved_yaml: str, start: int,
+                  resume: Path | None) -> Tracker | _Silent:
+    """Rank 0: the run's files (continued at ``start`` when resuming) and its console; another rank: silence."""
+    if not dp.main:
+        return _Silent()
     run_dir.mkdir(parents=True, exist_ok=True)
-    keep_metrics_through(run_dir / "metrics.jsonl", st.step if resume else -1,
+    keep_metrics_through(run_dir / "metrics.jsonl", start if resume else -1,
                          resume.parent.parent / "metrics.jsonl" if resume else None)
     (run_dir / "config.yaml").write_text(resolved_yaml)
-    tracker = Tracker(run_dir, cfg, t.steps, cfg.logger.console, None, st.step)
-    try:
-        tracker.info(f"run dir {run_dir} | reward model {cfg.model.name} "
-                     f"({f'LoRA r={cfg.model.lora.r} + score head' if rm.lora else 'full'}) on {device} | "
-                     f"{len(train_pairs)} training pairs, {len(eval_pairs)} held out | {precision.reason}")
-        for line in notes + _dropped_lines(pairs.identical, (long_train, long_eval), cfg.data.max_length):
-            tracker.info(line)
-        if resume:
-            tracker.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
-        _loop(cfg, rm, optimizer, scheduler, st, train_pairs, eval_pairs, tracker, run_dir, resolved_yaml)
-        if st.step > start:
-            path = rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, precision.dtype)
-            tracker.info(f"done: final checkpoint {path}")
-        if t.export:
-            out = save_reward_model(rm, run_dir / EXPORT_DIR, replace=True)
-            tracker.info(f"exported the reward model to {out} (AutoModelForSequenceClassification)")
-    finally:
-        tracker.close()
-    plot_run(run_dir)
-    return st.metrics
+    return Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, None, start)
 
 
 def _dropped_lines(identical: tuple[int, int], long: tuple[int, int], max_length: int) -> list[str]:
@@ -109,29 +141,30 @@ def _dropped_lines(identical: tuple[int, int], long: tuple[int, int], max_length
 
 
 def _loop(cfg: RMConfig, rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: object,
-          st: rm_state.RMState, train_pairs: list[Encoded], eval_pairs: list[Encoded], tracker: Tracker,
-          run_dir: Path, resolved_yaml: str) -> None:
+          st: rm_state.RMState, train_pairs: list[Encoded], eval_pairs: list[Encoded], out: Tracker | _Silent,
+          run_dir: Path, resolved_yaml: str, dp: DataParallel) -> None:
     t = cfg.trainer
     loss_fn = PREFERENCE_LOSSES.get(cfg.loss)
     if t.eval_at_start and st.step == 0 and eval_pairs:
-        tracker.log_step(0, evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn))
-    with GracefulStop(grace_s=t.stop_grace_s) as stop:
+        out.log_step(0, evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn, dp))
+    with GracefulStop(hold_on_error=dp.active, grace_s=t.stop_grace_s) as stop:
         for step in range(st.step + 1, t.steps + 1):
             batch = [train_pairs[i] for i in batch_indices(st.cursor, t.batch_size, len(train_pairs), cfg.seed)]
             t0 = time.perf_counter()
-            metrics = train_step(rm, batch, optimizer, scheduler, t.micro_batch_size, cfg.optim.max_grad_norm, loss_fn)
+            metrics = train_step(rm, batch, optimizer, scheduler, t.micro_batch_size, cfg.optim.max_grad_norm, loss_fn,
+                                 dp)
             metrics["time/step_s"] = time.perf_counter() - t0
             if eval_pairs and (step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)):
-                metrics.update(evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn))
+                metrics.update(evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn, dp))
             st.step, st.cursor, st.metrics = step, st.cursor + len(batch), metrics
-            tracker.log_step(step, metrics)
-            stopping = stop.requested and step < t.steps
+            out.log_step(step, metrics)
+            stopping = dp.any(stop.requested) and step < t.steps
             if stopping:
                 stop.step_done()
             if step < t.steps and (stopping or (t.save_every > 0 and step % t.save_every == 0)):
-                rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, cfg.model.dtype)
+                rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, cfg.model.dtype, dp)
             if stopping:
-                tracker.info(f"stopped by a signal after step {step}; saved it")
+                out.info(f"stopped by a signal after step {step}; saved it")
                 raise KeyboardInterrupt
 
 
@@ -160,14 +193,23 @@ def _pair_scores(rm: RewardModel, pairs: list[Encoded]) -> tuple[torch.Tensor, t
     return scores[: len(pairs)], scores[len(pairs):], margin
 
 
+def _share(items: list[Encoded], dp: DataParallel) -> list[Encoded]:
+    """This rank's contiguous share of ``items`` (all of them in one process)."""
+    per = -(-len(items) // dp.world)
+    return items[dp.rank * per: (dp.rank + 1) * per]
+
+
 def train_step(rm: RewardModel, batch: list[Encoded], optimizer: torch.optim.Optimizer, scheduler: object,
-               micro_batch_size: int, max_grad_norm: float, loss_fn: object) -> dict[str, float]:
+               micro_batch_size: int, max_grad_norm: float, loss_fn: object,
+               dp: DataParallel = SINGLE) -> dict[str, float]:
     """One optimizer step over ``batch`` (gradients accumulated over micro-batches, each weighted by its
-    share of the pairs, so the step is that of the batch's mean loss); returns its metrics."""
+    share of the pairs, so the step is that of the batch's mean loss); returns its metrics. Under several
+    ranks each scores its share of ``batch`` (the same batch on every rank) and the gradients and sums
+    are added over the ranks."""
     rm.model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum = acc_sum = margin_sum = 0.0
-    for chunk in _chunks(batch, micro_batch_size):
+    for chunk in _chunks(_share(batch, dp), micro_batch_size):
         r_c, r_r, margin = _pair_scores(rm, chunk)
         loss = loss_fn(r_c, r_r, margin)
         (loss * (len(chunk) / len(batch))).backward()
@@ -175,6 +217,8 @@ def train_step(rm: RewardModel, batch: list[Encoded], optimizer: torch.optim.Opt
         acc_sum += pairwise_accuracy(r_c, r_r).item() * len(chunk)
         margin_sum += (r_c - r_r).sum().item()
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    dp.sum_gradients(params)
+    loss_sum, acc_sum, margin_sum = dp.sum_floats([loss_sum, acc_sum, margin_sum])
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
@@ -185,15 +229,18 @@ def train_step(rm: RewardModel, batch: list[Encoded], optimizer: torch.optim.Opt
 
 
 @torch.no_grad()
-def evaluate(rm: RewardModel, pairs: list[Encoded], micro_batch_size: int, loss_fn: object) -> dict[str, float]:
-    """Held-out pairwise accuracy (a tie counts as wrong), loss and mean score gap."""
+def evaluate(rm: RewardModel, pairs: list[Encoded], micro_batch_size: int, loss_fn: object,
+             dp: DataParallel = SINGLE) -> dict[str, float]:
+    """Held-out pairwise accuracy (a tie counts as wrong), loss and mean score gap; each rank scores its
+    share of ``pairs``."""
     rm.model.eval()
     loss_sum = acc_sum = margin_sum = 0.0
-    for chunk in _chunks(pairs, micro_batch_size):
+    for chunk in _chunks(_share(pairs, dp), micro_batch_size):
         r_c, r_r, margin = _pair_scores(rm, chunk)
         loss_sum += loss_fn(r_c, r_r, margin).item() * len(chunk)
         acc_sum += pairwise_accuracy(r_c, r_r).item() * len(chunk)
         margin_sum += (r_c - r_r).sum().item()
     rm.model.train()
+    loss_sum, acc_sum, margin_sum = dp.sum_floats([loss_sum, acc_sum, margin_sum])
     n = len(pairs)
     return {"eval/rm_accuracy": acc_sum / n, "eval/rm_loss": loss_sum / n, "eval/rm_margin": margin_sum / n}
