@@ -66,8 +66,9 @@ results-trl: install-bench
 # rlft rm vs TRL's RewardTrainer on the RLHF run's training pairs, the last 32 held out (the pairs are
 # made first when missing: ~1.5 h on 2 cores).
 results-trl-rm: install-bench
-	test -s $(RUNS)/pairs/train.jsonl || $(PY) scripts/rlhf_pairs.py $(RUNS)/pairs --train-problems 400 --eval-problems 100 --samples 8
-	$(PY) scripts/compare_trl_rm.py --train $(RUNS)/pairs/train.jsonl --num-eval 32 --steps 12 --batch-size 8 --lr 5e-4 --repeat
+	test -s $(RUNS)/pairs/train.jsonl || $(PY) scripts/rlhf_pairs.py $(RUNS)/pairs --problems 400 --held-out 0.25 --samples 8
+	$(PY) scripts/compare_trl_rm.py --train $(RUNS)/pairs/train.jsonl --eval $(RUNS)/pairs/eval.jsonl --steps 30 \
+	  --batch-size 8 --lr 5e-4 --repeat
 
 # GSM8K base accuracy (200 problems) and 8-minute DAPO runs on GSM8K, countdown and 3-digit + - *.
 results-tasks: install
