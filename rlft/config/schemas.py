@@ -480,6 +480,33 @@ class OptimConfig:
     """Gradient clipping by global norm (0: off)."""
 
 
+EPISODES = (HARMFUL, "the episodes: what the policy sees after its own turns")
+
+
+@dataclass
+class EpisodeConfig:
+    """Multi-turn episodes (rlft/episodes): the policy's replies may call ``tools``; each call's result is
+    appended as a tool message and the policy continues, until it replies without a call or a limit
+    below ends the episode."""
+
+    max_turns: int = knob(4, EPISODES)
+    """Policy turns per episode at most; an episode whose last turn still calls a tool ends truncated."""
+    max_tokens: int = knob(0, EPISODES)
+    """Tokens of an episode after its prompt at most (the policy's and the tools'); one past it ends the
+    episode truncated (0: sampler.max_new_tokens x max_turns)."""
+    tool_timeout_s: float = knob(10.0, EPISODES)
+    """Wall-clock limit of one tool call; past it the call is stopped and the policy reads an error
+    message instead of a result."""
+    tool_output_chars: int = knob(2000, EPISODES)
+    """A tool result longer than this many characters is cut to them (the policy reads a note saying so)."""
+    python_memory_mb: int = knob(1024, EPISODES)
+    """Address-space limit of the built-in python tool's process."""
+    tool_format: str = knob("auto", EPISODES)
+    """How the tools are shown to the policy and its calls read: template (the tokenizer's chat template
+    renders them, tools=), rlft (rlft's system prompt with <tool_call>{json}</tool_call> calls: see
+    docs/usage.md), or auto (template when the chat template takes tools, else rlft)."""
+
+
 @dataclass
 class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -490,6 +517,10 @@ class Config:
     logger: LoggerConfig = knob(resume=(HARMLESS, "logging only"), factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    tools: list[str] = knob(resume=EPISODES, factory=list)
+    """Tools the policy may call: built-in names (python, calculator) or dotted paths 'pkg.module:function'
+    (described to the policy from the signature and docstring); [] (default): one reply per episode."""
     seed: int = knob(0, (HARMFUL, "the data order and sampling seeds"))
     """Seeds data order, sampling and initialisation."""
 

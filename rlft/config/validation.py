@@ -16,6 +16,8 @@ def validate(cfg: Config) -> None:
     # torch, seconds: imported here so that a config is composed and checked before torch loads.
     from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
+    if cfg.tools:  # issue 26: the episode loop is being built; until then an option that cannot take effect
+        raise ConfigError(f"tools={list(cfg.tools)}: multi-turn tool episodes are not in this version yet; drop tools")
     a, s, t = cfg.algo, cfg.sampler, cfg.trainer
     ADV_ESTIMATORS.check(a.adv_estimator, "algo.adv_estimator")
     POLICY_LOSSES.check(a.policy_loss, "algo.policy_loss")
