@@ -17,6 +17,7 @@ import torch
 from rlft.data import Task, build_task
 from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.distributed import SINGLE, DataParallel, local_rank
+from rlft.episodes.setup import EpisodeSetup, episode_setup
 from rlft.errors import ConfigError
 from rlft.learner import build_optimizer
 from rlft.models import Policy, build_policy
@@ -59,6 +60,8 @@ class Components:
     """What the reward is the weighted sum of: reward.fns, then reward.models, then reward.judges (loaded once)."""
     gold: Scorer | None = None
     """reward.gold's checker, logged beside the learned scorers and never in the reward (None: off)."""
+    episodes: EpisodeSetup | None = None
+    """Multi-turn episodes' environment and limits (None: one reply per episode)."""
 
 
 def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = SINGLE) -> Components:
@@ -96,7 +99,7 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
-                      scorers=scorers, gold=gold)
+                      scorers=scorers, gold=gold, episodes=episode_setup(cfg))
 
 
 def preflight(cfg: Config, world: int) -> None:
@@ -110,6 +113,7 @@ def preflight(cfg: Config, world: int) -> None:
     """
     for name in [*cfg.reward.fns, *filter(None, [gold_name(cfg)])]:
         resolve_reward(name)
+    episode_setup(cfg)  # an episode.env that does not import
     for m in cfg.reward.models:
         check_reward_model(m)
     for i, j in enumerate(cfg.reward.judges):

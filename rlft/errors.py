@@ -46,6 +46,12 @@ class RewardError(RlftError, RuntimeError):
     exit_code = 1
 
 
+class EnvError(RlftError, RuntimeError):
+    """An environment (``episode.env``) raised or answered with something that is not a Step."""
+
+    exit_code = 1
+
+
 class RewardNameError(RewardError, ConfigError):
     """An entry of ``reward.fns`` names nothing callable: a mistake in the config (exit 2), not in the function."""
 

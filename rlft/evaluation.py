@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlft.data import build_task
-from rlft.data.chat import drop_long_prompts, problem_ids, prompt_room
+from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.data.tasks import Problem
 from rlft.distributed import SINGLE, DataParallel
+from rlft.episodes.sample import sample_problems
+from rlft.episodes.setup import EpisodeSetup, episode_setup
 from rlft.errors import DataError
 from rlft.models import build_policy
 from rlft.models.device import resolve_device
@@ -18,7 +20,6 @@ from rlft.models.loading import quiet_libraries
 from rlft.models.precision import resolve as resolve_precision
 from rlft.rewards import score_samples
 from rlft.rewards.calls import call_policy
-from rlft.rewards.registry import Sample
 from rlft.rewards.scorer import eval_reward
 from rlft.rollout import prompt_seeds
 from rlft.run_state import load_policy_weights, trained_dtype
@@ -29,20 +30,14 @@ if TYPE_CHECKING:
 
 
 def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
-                params: SamplingParams) -> tuple[list[list[bool]], int]:
-    """Sample ``params.n`` completions per problem and judge each (> 0.5) with :func:`eval_reward`'s function:
-    ``reward.gold``'s checker when there is one, else the first reward function.
+                params: SamplingParams, episodes: EpisodeSetup | None = None) -> tuple[list[list[bool]], int]:
+    """Sample ``params.n`` completions (or episodes) per problem and judge each (> 0.5) with
+    :func:`eval_reward`'s function: ``reward.gold``'s checker when there is one, else the first reward function.
 
     Returns:
         Per problem, one bool per completion; and the number of completion tokens.
     """
-    prompts = [problem_ids(tokenizer, p, cfg.data) for p in problems]
-    gens = sampler.generate(prompts, params)
-    texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
-    samples = [
-        Sample(problems[i].prompt, t, problems[i].answer, len(ids), cut, problems[i].columns, problems[i].messages)
-        for i, t, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
-    ]
+    _, gens, samples = sample_problems(sampler, tokenizer, problems, cfg.data, params, episodes)
     judge = eval_reward(cfg)
     if judge is None:
         raise DataError("evaluation needs a rule-based reward to judge correctness: set reward.gold=FN, "
@@ -55,7 +50,7 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
 
 
 def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
-             dp: DataParallel = SINGLE) -> dict[str, float]:
+             dp: DataParallel = SINGLE, episodes: EpisodeSetup | None = None) -> dict[str, float]:
     """Greedy accuracy (``reward.gold``, else the first reward function, > 0.5) on ``problems``.
 
     Under data parallelism each rank evaluates a contiguous share and the counts are summed.
@@ -66,7 +61,7 @@ def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Con
     share = -(-len(problems) // dp.world)
     mine = problems[dp.rank * share : (dp.rank + 1) * share]
     params = SamplingParams(n=1, max_new_tokens=cfg.sampler.max_new_tokens, greedy=True)
-    ok, tokens = correctness(sampler, tokenizer, mine, cfg, params) if mine else ([], 0)
+    ok, tokens = correctness(sampler, tokenizer, mine, cfg, params, episodes) if mine else ([], 0)
     right, tokens = dp.sum_floats([float(sum(o[0] for o in ok)), float(tokens)])
     return {"eval/accuracy": right / len(problems), "eval/mean_tokens": tokens / len(problems)}
 
@@ -89,9 +84,9 @@ def sampled_params(cfg: Config, num_problems: int, samples: int) -> SamplingPara
 
 
 def evaluate_sampled(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
-                     samples: int) -> dict[str, float]:
+                     samples: int, episodes: EpisodeSetup | None = None) -> dict[str, float]:
     """pass@1 and pass@``samples`` at the sampler's temperature, seeded by ``cfg.seed``."""
-    ok, _ = correctness(sampler, tokenizer, problems, cfg, sampled_params(cfg, len(problems), samples))
+    ok, _ = correctness(sampler, tokenizer, problems, cfg, sampled_params(cfg, len(problems), samples), episodes)
     out = {}
     for k in sorted({1, samples}):
         out[f"eval/pass@{k}"] = sum(pass_at_k(len(o), sum(o), k) for o in ok) / len(ok)
@@ -123,9 +118,10 @@ def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, An
         sync_sampler(sampler, policy)
     result: dict[str, Any] = {"model": str(checkpoint) if checkpoint else cfg.model.name, "problems": len(problems),
                               "temperature": cfg.sampler.temperature, "samples": samples}
-    result.update(evaluate(sampler, policy.tokenizer, problems, cfg))
+    episodes = episode_setup(cfg)
+    result.update(evaluate(sampler, policy.tokenizer, problems, cfg, episodes=episodes))
     if samples > 0:
-        result.update(evaluate_sampled(sampler, policy.tokenizer, problems, cfg, samples))
+        result.update(evaluate_sampled(sampler, policy.tokenizer, problems, cfg, samples, episodes))
     return result
 
 

@@ -21,10 +21,11 @@ from torch import Tensor
 from rlft.algorithms.advantages import informative_groups, soft_overlong_penalty
 from rlft.batch import RolloutBatch, pack
 from rlft.data import Problem
-from rlft.data.chat import problem_ids
 from rlft.distributed import SINGLE, DataParallel
+from rlft.episodes.run import Episodes, concat
+from rlft.episodes.sample import sample_problems
+from rlft.episodes.setup import EpisodeSetup, policy_budget
 from rlft.rewards.normalize import shape_rewards
-from rlft.rewards.registry import Sample
 from rlft.rewards.scorer import Scorer, score_all
 from rlft.samplers import Generations, Sampler, SamplingParams
 
@@ -103,24 +104,21 @@ class _KeptRow:
     """The group's place among the step's kept groups."""
     logprobs: list[float] | None
     """The sampler's log-probs of the completion tokens (None: it reports none)."""
+    policy_mask: list[int] | None = None
+    """An episode's: 1 on the tokens the policy wrote, 0 on the environment's (None: all the policy's)."""
 
 
 def _sample_round(sampler: Sampler, tokenizer: Any, scorers: list[Scorer], gold: Scorer | None, problems: list[Problem],
-                  cfg: Config, cursor: int, indices: range) -> _Round:
-    prompts = [problem_ids(tokenizer, p, cfg.data) for p in problems]
+                  cfg: Config, cursor: int, indices: range, episodes: EpisodeSetup | None = None) -> _Round:
     t0 = time.perf_counter()
-    gens = sampler.generate(prompts, sampling_params(cfg, cursor, indices))
+    prompts, gens, samples = sample_problems(sampler, tokenizer, problems, cfg.data,
+                                             sampling_params(cfg, cursor, indices), episodes)
     t1 = time.perf_counter()
-    texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
-    samples = [
-        Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut, problems[i].columns, problems[i].messages)
-        for i, text, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)
-    ]
     scored = score_all(scorers, samples, gold)
     per_fn = scored.per_name
     if cfg.algo.overlong_penalty:
-        lengths = torch.tensor([len(c) for c in gens.completion_ids])
-        per_fn["overlong_penalty"] = soft_overlong_penalty(lengths, cfg.sampler.max_new_tokens,
+        lengths = torch.tensor([s.num_tokens for s in samples])  # an episode's: the tokens the policy wrote
+        per_fn["overlong_penalty"] = soft_overlong_penalty(lengths, policy_budget(cfg),
                                                            cfg.algo.overlong_cache).tolist()
     totals = torch.tensor(scored.totals, dtype=torch.float32)
     return _Round(prompts, gens, totals, totals, per_fn, dict(scored.counts), t1 - t0, time.perf_counter() - t1)
@@ -149,10 +147,7 @@ def _merge(parts: list[_Round]) -> _Round:
     for p in parts:
         index += [offset + i for i in p.gens.prompt_index]
         offset += len(p.prompts)
-    lps = [p.gens.logprobs for p in parts]
-    gens = Generations(index, [c for p in parts for c in p.gens.completion_ids],
-                       [t for p in parts for t in p.gens.truncated],
-                       None if any(lp is None for lp in lps) else [x for lp in lps for x in lp])
+    gens = concat(index, [p.gens for p in parts])
     return _Round([x for p in parts for x in p.prompts], gens, torch.cat([p.task_scores for p in parts]),
                   torch.cat([p.scores for p in parts]),
                   {k: [v for p in parts for v in p.per_fn[k]] for k in parts[0].per_fn},
@@ -175,7 +170,7 @@ def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Ro
     while True:
         problems = c.task.batch(c.cursor, want)
         own = _sample_round(c.sampler, c.policy.tokenizer, c.scorers, c.gold, problems[mine.start : mine.stop], cfg,
-                            c.cursor, mine)
+                            c.cursor, mine, c.episodes)
         r = _shape(_merge(dp.all_gather(own)), c, cfg)
         c.cursor += 1
         seen.append(r)
@@ -186,8 +181,9 @@ def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Ro
                 break
             for j in (group_ids == g).nonzero().squeeze(-1).tolist():
                 lp = r.gens.logprobs[j] if r.gens.logprobs is not None else None
+                mask = r.gens.policy_mask[j] if isinstance(r.gens, Episodes) else None
                 rows.append(_KeptRow(r.prompts[g], r.gens.completion_ids[j], r.gens.truncated[j], float(r.scores[j]),
-                                     kept, lp))
+                                     kept, lp, mask))
             kept += 1
         if not a.dynamic_sampling or kept == want or len(seen) >= a.max_sampling_rounds:
             break
@@ -201,7 +197,8 @@ def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Ro
     if not rows:
         return Rollout(None, metrics, [])
     logged = [{"group": k.group, "prompt_ids": k.prompt, "completion_ids": k.completion, "score": k.score,
-               "truncated": k.truncated} for k in rows]
+               "truncated": k.truncated, **({"policy_mask": k.policy_mask} if k.policy_mask is not None else {})}
+              for k in rows]
     batch = _pack_rows(rows, c.policy.tokenizer.pad_token_id, cfg)
     if dp.active:
         batch = batch.select(rank_rows(batch.group_ids, dp.rank, dp.world))
@@ -221,6 +218,9 @@ def _pack_rows(rows: list[_KeptRow], pad_id: int, cfg: Config) -> RolloutBatch:
         torch.tensor([k.score for k in rows], dtype=torch.float32),
         torch.tensor([k.truncated for k in rows], dtype=torch.bool),
     )
+    for i, k in enumerate(rows):
+        if k.policy_mask is not None:  # an episode: the environment's tokens are context, outside the loss
+            mask[i, : len(k.policy_mask)] = torch.tensor(k.policy_mask, dtype=mask.dtype)
     lps = [k.logprobs for k in rows]
     if all(lp is not None for lp in lps) and untruncated(cfg.sampler):
         batch.sampler_logp = torch.zeros_like(mask)
@@ -260,6 +260,20 @@ def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
             out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)]))
     for name in rounds[0].counts:
         out[f"reward/{name}_frac"] = sum(r.counts[name] for r in rounds) / len(lengths)
+    if isinstance(rounds[0].gens, Episodes):
+        out.update(_episode_metrics([r.gens for r in rounds]))
+    return out
+
+
+def _episode_metrics(eps: list[Episodes]) -> dict[str, float]:
+    """Per episode means over every episode sampled this step (docs/metrics: ``episode/*``)."""
+    count = sum(len(e.turns) for e in eps)
+    tokens = sum(len(m) for e in eps for m in e.policy_mask)
+    out = {"episode/turns": sum(sum(e.turns) for e in eps) / count,
+           "episode/tokens": tokens / count,
+           "episode/policy_token_frac": sum(sum(m) for e in eps for m in e.policy_mask) / max(tokens, 1)}
+    for name in sorted({k for e in eps for k in e.events}):
+        out[f"episode/{name}"] = sum(e.events.get(name, 0) for e in eps) / count
     return out
 
 

@@ -56,7 +56,7 @@ def train(cfg: Config, run_dir: Path, resolved_yaml: str | None = None) -> dict[
     with failure.GracefulStop(hold_on_error=dp.active, grace_s=cfg.trainer.stop_grace_s) as stop:
         try:
             if cfg.trainer.eval_at_start and resume is None and _evaluates(c, cfg):
-                last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, dp)
+                last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, dp, c.episodes)
                 out.log_step(0, last)
             t_start = time.perf_counter()
             for step in range(start + 1, cfg.trainer.steps + 1):
@@ -94,7 +94,7 @@ def _maybe_evaluate(step: int, c: Components, cfg: Config, metrics: dict[str, fl
         return
     if force or step == cfg.trainer.steps or (every > 0 and step % every == 0):
         t0 = time.perf_counter()
-        metrics.update(evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, c.dp))
+        metrics.update(evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, c.dp, c.episodes))
         metrics["time/eval_s"] = time.perf_counter() - t0
 
 

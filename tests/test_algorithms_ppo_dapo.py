@@ -50,6 +50,42 @@ def test_gae_matches_slow_loop():
             assert adv[i, k].item() == pytest.approx(want, abs=1e-5)
 
 
+def test_gae_skips_environment_tokens_by_hand():
+    """A multi-turn row: policy, tool, tool, policy. The tool tokens (mask 0) are no steps: position 0's
+    next value is position 3's, and the rewards and values at 1-2 never enter."""
+    r = torch.tensor([[0.0, 7.0, 7.0, 1.0]])
+    v = torch.tensor([[0.5, 9.0, 9.0, 0.6]])
+    adv, ret = gae(r, v, torch.tensor([[1.0, 0.0, 0.0, 1.0]]), gamma=1.0, lam=0.95)
+    # A3 = 1 - 0.6 = 0.4; A0 = (0 + 0.6 - 0.5) + 0.95 * 0.4 = 0.48
+    assert torch.allclose(adv, torch.tensor([[0.48, 0.0, 0.0, 0.4]]), atol=1e-6)
+    assert ret[0, 1] == 0 and ret[0, 2] == 0
+
+
+def test_gae_with_holes_matches_slow_loop_over_the_policy_tokens():
+    g = torch.Generator().manual_seed(1)
+    b, t, gamma, lam = 3, 9, 0.9, 0.8
+    r, v = torch.randn(b, t, generator=g), torch.randn(b, t, generator=g)
+    mask = (torch.rand(b, t, generator=g) > 0.4).float()
+    mask[:, 0] = 1.0
+    adv, _ = gae(r, v, mask, gamma, lam)
+    for i in range(b):
+        steps = [j for j in range(t) if mask[i, j] > 0]  # the policy's tokens, in order
+        for a, k in enumerate(steps):
+            want = 0.0
+            for d, j in enumerate(steps[a:]):
+                nxt = steps[a + d + 1] if a + d + 1 < len(steps) else None
+                delta = r[i, j].item() + gamma * (v[i, nxt].item() if nxt is not None else 0.0) - v[i, j].item()
+                want += (gamma * lam) ** d * delta
+            assert adv[i, k].item() == pytest.approx(want, abs=1e-5)
+        assert all(adv[i, j] == 0 for j in range(t) if mask[i, j] == 0)
+
+
+def test_ppo_token_rewards_put_the_score_on_the_last_policy_token():
+    mask = torch.tensor([[1.0, 0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0]])
+    rew = ppo_token_rewards(torch.tensor([3.0, 2.0]), torch.zeros(2, 5), None, mask, kl_coef=0.1)
+    assert rew.tolist() == [[0.0, 0.0, 3.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0, 0.0]]
+
+
 def test_gae_estimator_whitens_over_mask():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     inputs = AdvantageInputs(torch.zeros(2), mask, torch.arange(2), torch.randn(2, 3), torch.randn(2, 3))

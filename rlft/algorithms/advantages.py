@@ -90,15 +90,16 @@ def grpo(inputs: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
 
 
 def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
-    """Generalized advantage estimation over each response.
+    """Generalized advantage estimation over each response's policy tokens.
 
-    delta_t = r_t + gamma V_{t+1} - V_t and A_t = delta_t + gamma lam A_{t+1}, where V and A
-    past the last response token are 0.
+    delta_t = r_t + gamma V_{t+1} - V_t and A_t = delta_t + gamma lam A_{t+1}, where t + 1 is the
+    row's next token inside the mask (a multi-turn episode's environment tokens, outside it, are
+    skipped: the policy takes no action there), and V and A past the last one are 0.
 
     Args:
         token_rewards: (B, T) per-token rewards.
         values: (B, T) critic values V_t.
-        mask: (B, T) response mask (each row's tokens are a prefix).
+        mask: (B, T) 1 on the policy's tokens (a prefix per row in one-turn rollouts).
         gamma: Discount.
         lam: GAE lambda.
 
@@ -114,8 +115,8 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: 
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]
         a = delta + gamma * lam * next_adv
         adv[:, t] = a * m
-        next_value = values[:, t] * m
-        next_adv = a * m
+        next_value = torch.where(m > 0, values[:, t], next_value)  # outside the mask: carried over
+        next_adv = torch.where(m > 0, a, next_adv)
     returns = (adv + values) * mask
     return adv, returns
 
@@ -146,16 +147,17 @@ def ppo_token_rewards(scores: Tensor, logp_old: Tensor, logp_ref: Tensor | None,
         scores: (B,) sequence rewards.
         logp_old: (B, T) sampling-policy log-probs.
         logp_ref: (B, T) reference log-probs (None: no KL term).
-        mask: (B, T) response mask (a prefix per row).
+        mask: (B, T) 1 on the policy's tokens (a prefix per row in one-turn rollouts).
         kl_coef: The KL penalty coefficient.
 
     Returns:
-        (B, T) rewards, zero outside the mask.
+        (B, T) rewards, zero outside the mask; the score sits on each row's last token in the mask.
     """
     rewards = torch.zeros_like(mask, dtype=torch.float32)
     if logp_ref is not None and kl_coef != 0:
         rewards = -kl_coef * (logp_old - logp_ref) * mask
-    last = (mask.sum(1).long() - 1).clamp(min=0)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).amax(1).clamp(min=0)
     has_tokens = mask.sum(1) > 0
     rows = torch.arange(mask.shape[0], device=mask.device)
     rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens].to(rewards.dtype)

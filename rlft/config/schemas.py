@@ -489,11 +489,15 @@ class EpisodeConfig:
     appended as a tool message and the policy continues, until it replies without a call or a limit
     below ends the episode."""
 
+    env: str | None = knob(None, EPISODES)
+    """An environment class 'pkg.module:Class' that answers the policy between its turns (rlft.episodes.env:
+    built per episode from its problem, stepped with each reply); None: the tools, or one reply per episode."""
     max_turns: int = knob(4, EPISODES)
     """Policy turns per episode at most; an episode whose last turn still calls a tool ends truncated."""
     max_tokens: int = knob(0, EPISODES)
-    """Tokens of an episode after its prompt at most (the policy's and the tools'); one past it ends the
-    episode truncated (0: sampler.max_new_tokens x max_turns)."""
+    """Tokens of an episode after its prompt at most (the policy's and the environment's); a turn that
+    would pass it ends the episode truncated (0: no total cap; each turn takes up to
+    sampler.max_new_tokens, and episode.max_turns bound the episode)."""
     tool_timeout_s: float = knob(10.0, EPISODES)
     """Wall-clock limit of one tool call; past it the call is stopped and the policy reads an error
     message instead of a result."""

@@ -16,8 +16,7 @@ def validate(cfg: Config) -> None:
     # torch, seconds: imported here so that a config is composed and checked before torch loads.
     from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
-    if cfg.tools:  # issue 26: the episode loop is being built; until then an option that cannot take effect
-        raise ConfigError(f"tools={list(cfg.tools)}: multi-turn tool episodes are not in this version yet; drop tools")
+    _check_episodes(cfg)
     a, s, t = cfg.algo, cfg.sampler, cfg.trainer
     ADV_ESTIMATORS.check(a.adv_estimator, "algo.adv_estimator")
     POLICY_LOSSES.check(a.policy_loss, "algo.policy_loss")
@@ -307,3 +306,22 @@ def _check_sampler(cfg: Config) -> None:
         problem = check_fused_targets(list(cfg.model.lora.target_modules)) if merged_lora else None
         if problem:
             raise ConfigError(problem + " (or sampler.vllm.sync=adapter)")
+
+
+def _check_episodes(cfg: Config) -> None:
+    e = cfg.episode
+    if cfg.tools:  # issue 26: the tools' environment is being built; until then an option that cannot take effect
+        raise ConfigError(f"tools={list(cfg.tools)}: tool calls are not in this version yet; drop tools")
+    if e.max_turns < 1:
+        raise ConfigError(f"episode.max_turns={e.max_turns} must be at least 1")
+    for name, value in (("episode.max_tokens", e.max_tokens), ("episode.tool_output_chars", e.tool_output_chars)):
+        if value < 0:
+            raise ConfigError(f"{name}={value} must be >= 0")
+    if e.tool_timeout_s <= 0 or e.python_memory_mb < 64:
+        raise ConfigError(f"episode.tool_timeout_s={e.tool_timeout_s:g} must be > 0 and episode.python_memory_mb="
+                          f"{e.python_memory_mb} at least 64")
+    if e.tool_format not in ("auto", "template", "rlft"):
+        raise ConfigError(f"episode.tool_format={e.tool_format}; valid choices: auto, template, rlft")
+    if e.env and not getattr(cfg.data, "chat_template", True):
+        raise ConfigError("episode.env needs the chat template to render the environment's messages: "
+                          "drop data.chat_template=false")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 RESERVED_COLUMNS = ("prompt", "completion", "answer", "prompts", "completions", "num_tokens", "truncated",
-                    "max_new_tokens")
+                    "max_new_tokens", "transcript", "env_reward")
 """Keyword arguments rlft passes to reward functions itself: a data column may not take their names."""
 
 

@@ -38,3 +38,11 @@ def format_number(prompt: str, completion: str, answer: str, **info: Any) -> flo
 def length_penalty(prompt: str, completion: str, answer: str, **info: Any) -> float:
     """-(completion tokens / max_new_tokens): in [-1, 0], favours short replies."""
     return -float(info["num_tokens"]) / float(info["max_new_tokens"])
+
+
+@REWARDS.register("env_reward")
+def env_reward(prompt: str, completion: str, answer: str, **info: Any) -> float | None:
+    """The episode's environment rewards, summed (``episode.env``'s Step rewards); None (unscored) when
+    its environment gave none."""
+    value = info.get("env_reward")
+    return None if value is None else float(value)

@@ -1,0 +1,47 @@
+"""Environments for multi-turn episode tests (episode.env=tests.envs:NAME)."""
+
+from __future__ import annotations
+
+from rlft.episodes.env import Step
+
+
+class EchoEnv:
+    """Never done: answers every reply with a user message holding the turn number and the reply's length."""
+
+    def __init__(self, problem):
+        self.turn = 0
+
+    def step(self, reply: str) -> Step:
+        self.turn += 1
+        return Step(messages=[{"role": "user", "content": f"turn {self.turn}: {len(reply)} chars"}],
+                    events={"echoes": 1})
+
+
+class TwoTurnEnv:
+    """Done after the policy's second reply, with reward 1 if the answer appears in any reply, plus 0.5 a turn."""
+
+    def __init__(self, problem):
+        self.answer, self.turn, self.seen = problem.answer, 0, False
+
+    def step(self, reply: str) -> Step:
+        self.turn += 1
+        self.seen = self.seen or self.answer in reply
+        if self.turn == 2:
+            return Step(done=True, reward=0.5 + float(self.seen))
+        return Step(messages=[{"role": "tool", "content": "42"}], reward=0.5)
+
+
+class RaisingEnv:
+    def __init__(self, problem):
+        pass
+
+    def step(self, reply: str) -> Step:
+        raise KeyError("no such room")
+
+
+class JunkEnv:
+    def __init__(self, problem):
+        pass
+
+    def step(self, reply: str):
+        return {"done": True}

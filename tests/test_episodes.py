@@ -1,0 +1,189 @@
+"""Multi-turn episodes (rlft.episodes): the ids between turns, token-exact trajectories from a real
+sampler (the tiny model, hf), masks, limits, environment errors, and whole training runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlft.config import compose
+from rlft.data import Problem
+from rlft.episodes.env import Step
+from rlft.episodes.run import Limits, run_episodes
+from rlft.episodes.tokens import turn_suffix_ids
+from rlft.errors import EnvError
+from rlft.models import build_policy
+from rlft.samplers import SamplingParams, build_sampler
+from tests import envs
+from tests.support import TINY, one_error_line, run_cli, write_eos_model
+
+BASE = [a for a in TINY if not a.startswith("model=")] + ["model.dtype=fp32"]
+
+
+@pytest.fixture(scope="module")
+def eos_model(tmp_path_factory):
+    """The tiny model with EOS made likely (tests.support.write_eos_model): its replies end, so episodes
+    go on for several turns (the plain random model never stops)."""
+    path = tmp_path_factory.mktemp("eos") / "model"
+    write_eos_model(path, eos_logit=14.0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(eos_model):
+    cfg, _, _ = compose(BASE + ["model=local", f"model.path={eos_model}"])
+    policy, copy = build_policy(cfg.model, 0, need_reference=False)
+    return build_sampler(cfg.sampler, cfg.model, copy, policy.tokenizer, 0), policy.tokenizer
+
+
+def _ids(tok, messages, generation_prompt=True):
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _prompt(tok, text="What is 2 + 3?"):
+    return _ids(tok, [{"role": "user", "content": text}])
+
+
+def _params(n=2, max_new_tokens=6, seed=11):
+    return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=1.0, prompt_seeds=(seed * 1000,))
+
+
+def test_suffix_is_the_templates_text_after_the_stop_token(tiny):
+    _, tok = tiny
+    ids = turn_suffix_ids(tok, [{"role": "tool", "content": "42"}], "<|im_end|>")
+    assert tok.decode(ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    # prompt + the policy's reply (ending with its stop token) + suffix is the whole conversation, templated
+    reply = tok("5<|im_end|>", add_special_tokens=False)["input_ids"]
+    whole = _ids(tok, [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"},
+                       {"role": "tool", "content": "42"}])
+    assert _prompt(tok) + reply + ids == whole
+
+
+def test_a_three_turn_episode_is_the_samplers_own_ids_turn_after_turn(tiny):
+    sampler, tok = tiny
+    prompt = _prompt(tok)
+    params = _params(n=8, max_new_tokens=8)
+    eps = run_episodes(sampler, tok, [prompt], params, lambda i: envs.EchoEnv(None), Limits(3, 200))
+    assert eps.prompt_index == [0] * 8 and all(eps.truncated)  # EchoEnv never ends an episode
+    assert 3 in eps.turns and sum(eps.events.values()) == sum(eps.turns) - sum(_cut_last(eps, tok))
+    firsts = sampler.generate([prompt], params).completion_ids
+    for k in range(8):
+        ids, mask = eps.completion_ids[k], eps.policy_mask[k]
+        assert len(ids) == len(mask) and ids[: len(firsts[k])] == firsts[k]
+        # Replay: each later turn is what the sampler gives for the exact context before it, same seed.
+        pos, turn, context = len(firsts[k]), 1, prompt + firsts[k]
+        while pos < len(ids):
+            env_len = mask[pos:].index(1)
+            reply = eps.transcripts[k][2 * turn - 2]["content"]
+            assert ids[pos: pos + env_len] == turn_suffix_ids(
+                tok, [{"role": "user", "content": f"turn {turn}: {len(reply)} chars"}], "<|im_end|>")
+            context += ids[pos: pos + env_len]
+            again = sampler.generate([context], SamplingParams(n=1, max_new_tokens=8, prompt_seeds=(
+                (11 * 1000 + k) ^ (turn << 40),))).completion_ids[0]
+            start = pos + env_len
+            assert ids[start: start + len(again)] == again and set(mask[start: start + len(again)]) == {1}
+            pos, turn, context = start + len(again), turn + 1, context + again
+        assert turn == eps.turns[k]
+    three = eps.turns.index(3)
+    assert [m["role"] for m in eps.transcripts[three]] == ["assistant", "user", "assistant", "user", "assistant"]
+
+
+def _cut_last(eps, tok) -> list[bool]:
+    """Episodes whose last reply was cut at its token cap (the environment never saw it)."""
+    return [ids[-1] != tok.eos_token_id for ids in eps.completion_ids]
+
+
+def test_a_two_turn_episode_masks_the_tool_message_and_sums_step_rewards(tiny):
+    sampler, tok = tiny
+    prompt = _prompt(tok)
+    params = _params(n=8, max_new_tokens=6)
+    eps = run_episodes(sampler, tok, [prompt], params, lambda i: envs.TwoTurnEnv(Problem("q", "5")), Limits(4, 1000))
+    firsts = sampler.generate([prompt], params).completion_ids
+    suffix = turn_suffix_ids(tok, [{"role": "tool", "content": "42"}], "<|im_end|>")
+    for k, first in enumerate(firsts):
+        ids, mask = eps.completion_ids[k], eps.policy_mask[k]
+        if first[-1] != tok.eos_token_id:  # cut at its cap: no second turn, no step reward
+            assert (eps.turns[k], eps.truncated[k], mask, eps.env_rewards[k]) == (1, True, [1] * len(first), None)
+            continue
+        second = len(ids) - len(first) - len(suffix)
+        assert mask == [1] * len(first) + [0] * len(suffix) + [1] * second and ids[len(first):][: len(suffix)] == suffix
+        ended = ids[-1] == tok.eos_token_id
+        seen = any("5" in m["content"] for m in eps.transcripts[k] if m["role"] == "assistant")
+        assert eps.turns[k] == 2 and eps.truncated[k] == (not ended)
+        assert eps.env_rewards[k] == (0.5 + 0.5 + float(seen) if ended else 0.5)
+    assert 2 in eps.turns
+
+
+def test_packed_rows_take_the_policy_mask():
+    from rlft.rollout import _KeptRow, _pack_rows
+
+    cfg, _, _ = compose(BASE)
+    rows = [_KeptRow([1, 2], [5, 6, 7, 8, 9], False, 1.0, 0, None, [1, 1, 0, 0, 1]),
+            _KeptRow([1, 2, 3], [5, 6], True, 0.0, 0, None)]
+    batch = _pack_rows(rows, 0, cfg)
+    assert batch.response_mask.tolist() == [[1, 1, 0, 0, 1], [1, 1, 0, 0, 0]]
+    assert batch.input_ids[0, :7].tolist() == [1, 2, 5, 6, 7, 8, 9] and batch.resp_len.tolist() == [5, 2]
+
+
+def test_budget_ends_an_episode_truncated_before_it_overflows(tiny):
+    sampler, tok = tiny
+    eps = run_episodes(sampler, tok, [_prompt(tok)], _params(n=4, max_new_tokens=5),
+                       lambda i: envs.EchoEnv(None), Limits(max_turns=10, max_tokens=30))
+    assert all(len(ids) <= 30 for ids in eps.completion_ids)
+    assert all(eps.truncated) and max(eps.turns) < 10
+
+
+@pytest.mark.parametrize("env, words", [(envs.RaisingEnv, r"step\(\) raised KeyError"), (envs.JunkEnv, "returned dict")])
+def test_an_environment_that_fails_is_one_error(tiny, env, words):
+    sampler, tok = tiny
+    with pytest.raises(EnvError, match=words):
+        run_episodes(sampler, tok, [_prompt(tok)], _params(n=8, max_new_tokens=8), lambda i: env(None), Limits(2, 100),
+                     "episode.env=x")
+
+
+def test_step_defaults():
+    s = Step()
+    assert s.messages == [] and not s.done and s.reward is None and s.events == {}
+
+
+# ---------------------------------------------------------------------------------------
+# Whole runs
+
+
+RUN = [*BASE, "model=local", "sampler.n=4", "sampler.max_new_tokens=6", "trainer.num_prompts=2",
+       "episode.max_turns=3", "logger.rollouts=true", "data.num_eval=2", "trainer.eval_every=0", "logger.console=false"]
+
+
+def test_grpo_trains_on_episodes_with_environment_tokens_out_of_the_loss(tmp_path, eos_model):
+    from safetensors.torch import load_file
+
+    proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:TwoTurnEnv", "reward.fns=[env_reward]",
+                    "hydra.run.dir=run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run/rollouts.jsonl").read_text().splitlines()]
+    assert rows and all("policy_mask" in r for r in rows)
+    assert any(0 in r["policy_mask"] for r in rows)  # a second turn after the environment's message
+    metrics = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    step = [m for m in metrics if m.get("step", 0) >= 1]
+    assert all(1 <= m["episode/turns"] <= 2 and 0 < m["episode/policy_token_frac"] <= 1 for m in step)
+    assert all(m["reward/env_reward"] >= 0.5 for m in step)
+    w = load_file(str(tmp_path / "run/checkpoints/step_000002/trainable.safetensors"))
+    assert all(torch.isfinite(t).all() for t in w.values())
+
+
+def test_ppo_trains_on_episodes(tmp_path, eos_model):
+    proc = run_cli(["train", *RUN, f"model.path={eos_model}", "algo=ppo", "episode.env=tests.envs:EchoEnv", "reward.fns=[tests.helpers:char_count]",
+                    "hydra.run.dir=run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert all(m["episode/turns"] > 1 and m["episode/echoes"] >= 1 for m in metrics if m.get("step", 0) >= 1)
+
+
+def test_environment_errors_end_the_run_in_one_line(tmp_path, eos_model):
+    proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:RaisingEnv", "hydra.run.dir=run"], tmp_path)
+    assert "step() raised KeyError" in one_error_line(proc, 1)
+    proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:Nope", "hydra.run.dir=run2"], tmp_path)
+    assert "has no attribute 'Nope'" in one_error_line(proc, 2)
