@@ -108,6 +108,13 @@ class Described(Exception):
         return type(self.name, (Exception,), {})(self.message)
 
 
+# Internal: a built-in tool stopped at its time limit (rlft.tools.builtin -> rlft.tools.run, which tells the policy).
+
+
+class ToolTimeout(Exception):
+    """A built-in tool stopped its work at the time limit; the message says so for the policy."""
+
+
 # Internal: rlft.rewards.countdown's parser (a completion that is no arithmetic scores 0).
 
 

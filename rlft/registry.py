@@ -1,8 +1,11 @@
-"""Name -> function registries for the extension points (estimators, losses, rewards)."""
+"""Name -> function registries for the extension points (estimators, losses, rewards), and the loading of
+user functions named by dotted path (rewards, tools)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import TypeVar
 
 from rlft.errors import ConfigError
@@ -40,3 +43,29 @@ class Registry:
     def get(self, name: str) -> Callable:
         self.check(name, self.kind)
         return self._fns[name]
+
+
+def split_dotted(entry: str) -> tuple[str, str] | None:
+    """``('pkg.module', 'function')`` of ``'pkg.module:function'`` (or ``'pkg.module.function'``); None when
+    ``entry`` is not of that shape."""
+    module, _, attr = entry.partition(":") if ":" in entry else entry.rpartition(".")
+    if not (all(part.isidentifier() for part in module.split(".")) and attr.isidentifier()):
+        return None
+    return module, attr
+
+
+def import_user_module(entry: str, module: str, what: str, missing: type[Exception],
+                       failed: type[Exception]) -> ModuleType:
+    """Import ``module``, named by the config entry ``entry`` (a ``what``: "reward function", "tool").
+
+    Raises:
+        missing: the module itself does not exist (not one that it imports).
+        failed: importing it raised (a SyntaxError, or any exception of its code): one line.
+    """
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001  (the user's module may raise anything while it runs)
+        if isinstance(e, ModuleNotFoundError) and e.name and f"{module}.".startswith(f"{e.name}."):
+            raise missing(f"cannot load {what} '{entry}': {e}") from None
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise failed(f"{what} '{entry}': importing {module} raised {type(e).__name__}: {first}") from None
