@@ -70,7 +70,7 @@ def _load(entry: str, cfg: EpisodeConfig) -> Tool:
         raise ConfigError(f"cannot load tool '{entry}': module '{module}' has no attribute '{attr}'")
     fn = getattr(mod, attr)
     if not callable(fn):
-        raise ConfigError(f"tool '{entry}' is a {type(fn).__name__}, not a function: name a function")
+        raise ConfigError(f"tool '{entry}' is not callable ({type(fn).__name__}): name a function")
     schema = _schema(entry, fn)
     return Tool(schema["function"]["name"], fn, schema)
 
