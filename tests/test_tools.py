@@ -201,6 +201,8 @@ def test_python_prints_and_cannot_read_the_parents_environment(monkeypatch):
     failed = _python(EpisodeConfig(), "import sys\nprint('partial')\nsys.exit(3)")
     assert failed == ToolResult("python", "partial\n\n[exited with code 3]", None)
     assert _python(EpisodeConfig(), "x = 1").content == "[no output: print() the values you want to see]"
+    interleaved = "import sys\nprint('out 1')\nsys.stderr.write('err 2\\n')\nprint('out 3')"
+    assert _python(EpisodeConfig(), interleaved).content == "out 1\nerr 2\nout 3\n"  # in order: unbuffered
     raised = _python(EpisodeConfig(), "1 / 0").content
     assert raised.endswith("ZeroDivisionError: division by zero\n\n[exited with code 1]") and '"<stdin>"' in raised
 
@@ -236,10 +238,10 @@ def test_python_memory_hog_fails_with_memory_error():
 def test_python_output_is_cut():
     result = _python(EpisodeConfig(tool_output_chars=100), "print('x' * 10000)")
     assert result.content == "x" * 100 + "\n[output cut to its first 100 characters]"
-    # Past the file-size limit (4 MiB) the child's writes fail (120: Python could not flush stdout at exit); the
-    # parent reads only a prefix.
-    flood = _python(EpisodeConfig(tool_output_chars=50), "import sys\nsys.stdout.write('y' * 10**7)")
-    assert flood.content.startswith("y" * 50 + "\n[output cut") and flood.content.endswith("[exited with code 120]")
+    # Past the file-size limit (4 MiB) the child's writes fail (OSError: File too large); the parent reads only a
+    # prefix of the output file.
+    flood = _python(EpisodeConfig(tool_output_chars=50), "for _ in range(10):\n    print('y' * 10**6)")
+    assert flood.content == "y" * 50 + "\n[output cut to its first 50 characters]\n[exited with code 1]"
 
 
 # -------------------------------------------------------------------------------------------- runner

@@ -97,11 +97,12 @@ _OUTPUT_FILE_BYTES = 4 * 2**20
 """RLIMIT_FSIZE of the python tool: any file it writes (its output included) stops growing here."""
 
 # Runs first in the child: sets the limits, then replaces itself with a fresh isolated interpreter that reads
-# the policy's code from stdin. No preexec_fn: that is unsafe in a process with threads (the trainer's).
+# the policy's code from stdin, unbuffered (-u: prints and tracebacks reach the shared output file in order).
+# No preexec_fn: that is unsafe in a process with threads (the trainer's).
 _BOOTSTRAP = """import os, resource, sys
 for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE"), sys.argv[1:]):
     resource.setrlimit(getattr(resource, name), (int(value), int(value)))
-os.execv(sys.executable, [sys.executable, "-I", "-"])
+os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 """
 
 
