@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from types import ModuleType
 from typing import TypeVar
 
 from rlft.errors import ConfigError
@@ -54,18 +53,26 @@ def split_dotted(entry: str) -> tuple[str, str] | None:
     return module, attr
 
 
-def import_user_module(entry: str, module: str, what: str, missing: type[Exception],
-                       failed: type[Exception]) -> ModuleType:
-    """Import ``module``, named by the config entry ``entry`` (a ``what``: "reward function", "tool").
+def load_user_function(entry: str, what: str, missing: type[Exception], failed: type[Exception]) -> Callable:
+    """The function a config entry ``entry`` names by dotted path (a ``what``: "reward function", "tool"); the
+    caller has checked its shape with :func:`split_dotted`.
 
     Raises:
-        missing: the module itself does not exist (not one that it imports).
-        failed: importing it raised (a SyntaxError, or any exception of its code): one line.
+        missing: the module itself does not exist (not one that it imports), it has no such attribute, or
+            that attribute is not callable.
+        failed: importing the module raised (a SyntaxError, or any exception of its code): one line.
     """
+    module, attr = split_dotted(entry) or (entry, "")
     try:
-        return importlib.import_module(module)
+        mod = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001  (the user's module may raise anything while it runs)
         if isinstance(e, ModuleNotFoundError) and e.name and f"{module}.".startswith(f"{e.name}."):
             raise missing(f"cannot load {what} '{entry}': {e}") from None
         first = (str(e).strip().splitlines() or [""])[0]
         raise failed(f"{what} '{entry}': importing {module} raised {type(e).__name__}: {first}") from None
+    if not hasattr(mod, attr):
+        raise missing(f"cannot load {what} '{entry}': module '{module}' has no attribute '{attr}'")
+    fn = getattr(mod, attr)
+    if not callable(fn):
+        raise missing(f"{what} '{entry}' is not callable ({type(fn).__name__}): name a function")
+    return fn

@@ -30,7 +30,7 @@ from typing import Any
 
 from rlft.calls import IN_PROCESS, CallPolicy, describe, run_calls
 from rlft.errors import CallDied, CallFailed, CallTimeout, RewardError, RewardNameError
-from rlft.registry import Registry, import_user_module, split_dotted
+from rlft.registry import Registry, load_user_function, split_dotted
 
 RewardFn = Callable[..., float]
 REWARDS = Registry("reward function")
@@ -48,17 +48,9 @@ def resolve_reward(name: str) -> RewardFn:
     builtins = ", ".join(REWARDS.names())
     if ":" not in name and "." not in name:
         raise RewardNameError(f"unknown reward '{name}'; built-ins: {builtins}, or a dotted path 'pkg.module:function'")
-    split = split_dotted(name)
-    if split is None:
+    if split_dotted(name) is None:
         raise RewardNameError(f"malformed reward '{name}': expected 'pkg.module:function' or a built-in ({builtins})")
-    module, attr = split
-    mod = import_user_module(name, module, "reward function", RewardNameError, RewardError)
-    if not hasattr(mod, attr):
-        raise RewardNameError(f"cannot load reward function '{name}': module '{module}' has no attribute '{attr}'")
-    fn = getattr(mod, attr)
-    if not callable(fn):
-        raise RewardNameError(f"reward '{name}' is not callable")
-    return fn
+    return load_user_function(name, "reward function", RewardNameError, RewardError)
 
 
 @dataclass

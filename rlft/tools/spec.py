@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from transformers.utils import get_json_schema
 
 from rlft.errors import ConfigError
-from rlft.registry import import_user_module, split_dotted
+from rlft.registry import load_user_function
 from rlft.tools.builtin import calculator, python_tool
 from rlft.tools.check import BUILTIN_NAMES, check_tools
 
@@ -64,13 +64,7 @@ def _load(entry: str, cfg: EpisodeConfig) -> Tool:
     if entry in BUILTINS:
         fn = BUILTINS[entry](cfg)
         return Tool(entry, fn, _schema(entry, fn), builtin=True)
-    module, attr = split_dotted(entry) or ("", "")  # checked by check_tools
-    mod = import_user_module(entry, module, "tool", ConfigError, ConfigError)
-    if not hasattr(mod, attr):
-        raise ConfigError(f"cannot load tool '{entry}': module '{module}' has no attribute '{attr}'")
-    fn = getattr(mod, attr)
-    if not callable(fn):
-        raise ConfigError(f"tool '{entry}' is not callable ({type(fn).__name__}): name a function")
+    fn = load_user_function(entry, "tool", ConfigError, ConfigError)  # its shape: checked by check_tools
     schema = _schema(entry, fn)
     return Tool(schema["function"]["name"], fn, schema)
 
