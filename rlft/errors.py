@@ -52,7 +52,8 @@ class RewardNameError(RewardError, ConfigError):
     exit_code = 2
 
 
-# Internal: how a reward call ended (rlft.rewards.calls -> rlft.rewards.registry, which words them as a RewardError).
+# Internal: how a call of user code ended (rlft.calls -> rlft.rewards.registry, which words them as a RewardError,
+# and rlft.tools.run, which words them for the policy).
 
 
 class CallTimeout(Exception):

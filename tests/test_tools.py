@@ -195,7 +195,8 @@ def test_python_prints_and_cannot_read_the_parents_environment(monkeypatch):
     result = _python(EpisodeConfig(), code)
     assert result.error is None
     lines = result.content.splitlines()
-    assert lines[:2] == ["42", "None ['HOME', 'LANG', 'PATH', 'TMPDIR']"]
+    assert lines[:2] == ["42", "None ['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', "
+                               "'PATH', 'TMPDIR']"]
     assert "hunter2" not in result.content
     assert Path(lines[2]).name.startswith("rlft-python-") and not Path(lines[2]).exists()  # its workdir is gone
     failed = _python(EpisodeConfig(), "import sys\nprint('partial')\nsys.exit(3)")

@@ -154,9 +154,11 @@ def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int
 
 
 def _scrubbed_env(workdir: str) -> dict[str, str]:
-    """Nothing of the trainer's environment (tokens, paths): a search path, a locale, and home in the workdir."""
+    """Nothing of the trainer's environment (tokens, paths): a search path, a locale, home in the workdir, and
+    one thread for the math libraries (numpy, torch), so that one call uses one core, as RLIMIT_CPU assumes."""
+    one_thread = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
     return {"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
-            "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+            "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, **one_thread}
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:
