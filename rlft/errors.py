@@ -58,7 +58,8 @@ class RewardNameError(RewardError, ConfigError):
     exit_code = 2
 
 
-# Internal: how a reward call ended (rlft.rewards.calls -> rlft.rewards.registry, which words them as a RewardError).
+# Internal: how a call of user code ended (rlft.calls -> rlft.rewards.registry, which words them as a RewardError,
+# and rlft.tools.run, which words them for the policy).
 
 
 class CallTimeout(Exception):
@@ -112,6 +113,13 @@ class Described(Exception):
     def rebuilt(self) -> Exception:
         """An exception of a class by that name with that message (the caller words it as ``Type: message``)."""
         return type(self.name, (Exception,), {})(self.message)
+
+
+# Internal: a built-in tool stopped at its time limit (rlft.tools.builtin -> rlft.tools.run, which tells the policy).
+
+
+class ToolTimeout(Exception):
+    """A built-in tool stopped its work at the time limit; the message says so for the policy."""
 
 
 # Internal: rlft.rewards.countdown's parser (a completion that is no arithmetic scores 0).

@@ -1,7 +1,9 @@
-"""Name -> function registries for the extension points (estimators, losses, rewards)."""
+"""Name -> function registries for the extension points (estimators, losses, rewards), and the loading of
+user functions named by dotted path (rewards, tools)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -40,3 +42,37 @@ class Registry:
     def get(self, name: str) -> Callable:
         self.check(name, self.kind)
         return self._fns[name]
+
+
+def split_dotted(entry: str) -> tuple[str, str] | None:
+    """``('pkg.module', 'function')`` of ``'pkg.module:function'`` (or ``'pkg.module.function'``); None when
+    ``entry`` is not of that shape."""
+    module, _, attr = entry.partition(":") if ":" in entry else entry.rpartition(".")
+    if not (all(part.isidentifier() for part in module.split(".")) and attr.isidentifier()):
+        return None
+    return module, attr
+
+
+def load_user_function(entry: str, what: str, missing: type[Exception], failed: type[Exception]) -> Callable:
+    """The function a config entry ``entry`` names by dotted path (a ``what``: "reward function", "tool"); the
+    caller has checked its shape with :func:`split_dotted`.
+
+    Raises:
+        missing: the module itself does not exist (not one that it imports), it has no such attribute, or
+            that attribute is not callable.
+        failed: importing the module raised (a SyntaxError, or any exception of its code): one line.
+    """
+    module, attr = split_dotted(entry) or (entry, "")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001  (the user's module may raise anything while it runs)
+        if isinstance(e, ModuleNotFoundError) and e.name and f"{module}.".startswith(f"{e.name}."):
+            raise missing(f"cannot load {what} '{entry}': {e}") from None
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise failed(f"{what} '{entry}': importing {module} raised {type(e).__name__}: {first}") from None
+    if not hasattr(mod, attr):
+        raise missing(f"cannot load {what} '{entry}': module '{module}' has no attribute '{attr}'")
+    fn = getattr(mod, attr)
+    if not callable(fn):
+        raise missing(f"{what} '{entry}' is not callable ({type(fn).__name__}): name a function")
+    return fn

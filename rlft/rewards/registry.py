@@ -22,16 +22,15 @@ scored is unscored (total NaN), which the trainer leaves out of its group's stat
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlft.calls import IN_PROCESS, CallPolicy, describe, run_calls
 from rlft.errors import CallDied, CallFailed, CallTimeout, RewardError, RewardNameError
-from rlft.registry import Registry
-from rlft.rewards.calls import IN_PROCESS, CallPolicy, run_calls
+from rlft.registry import Registry, load_user_function, split_dotted
 
 RewardFn = Callable[..., float]
 REWARDS = Registry("reward function")
@@ -49,27 +48,9 @@ def resolve_reward(name: str) -> RewardFn:
     builtins = ", ".join(REWARDS.names())
     if ":" not in name and "." not in name:
         raise RewardNameError(f"unknown reward '{name}'; built-ins: {builtins}, or a dotted path 'pkg.module:function'")
-    module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
-    if not (all(part.isidentifier() for part in module.split(".")) and attr.isidentifier()):
+    if split_dotted(name) is None:
         raise RewardNameError(f"malformed reward '{name}': expected 'pkg.module:function' or a built-in ({builtins})")
-    mod = _import(name, module)
-    if not hasattr(mod, attr):
-        raise RewardNameError(f"cannot load reward function '{name}': module '{module}' has no attribute '{attr}'")
-    fn = getattr(mod, attr)
-    if not callable(fn):
-        raise RewardNameError(f"reward '{name}' is not callable")
-    return fn
-
-
-def _import(name: str, module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001  (the user's module may raise anything while it runs)
-        missing = isinstance(e, ModuleNotFoundError) and e.name and f"{module}.".startswith(f"{e.name}.")
-        if missing:  # the module named in the config, not one that it imports
-            raise RewardNameError(f"cannot load reward function '{name}': {e}") from None
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise RewardError(f"reward function '{name}': importing {module} raised {type(e).__name__}: {first}") from None
+    return load_user_function(name, "reward function", RewardNameError, RewardError)
 
 
 @dataclass
@@ -137,7 +118,7 @@ def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_to
     try:
         values: Any = run_calls(fn, [((), kwargs)], policy, timed_out=[policy.on_timeout] * len(samples))[0]
     except CallFailed as e:
-        raise RewardError(f"reward function '{name}' raised {_describe(e.error)} on {where}") from None
+        raise RewardError(f"reward function '{name}' raised {describe(e.error)} on {where}") from None
     except CallTimeout:
         raise RewardError(_timeout_message(name, policy, where)) from None
     except CallDied as e:
@@ -157,7 +138,7 @@ def _call_each(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_token
     try:
         values = run_calls(fn, calls, policy, timed_out=policy.on_timeout)
     except CallFailed as e:
-        raise RewardError(f"reward function '{name}' raised {_describe(e.error)} on {_where(e.index, samples[e.index])}"
+        raise RewardError(f"reward function '{name}' raised {describe(e.error)} on {_where(e.index, samples[e.index])}"
                           ) from None
     except CallTimeout as e:
         raise RewardError(_timeout_message(name, policy, _where(e.index, samples[e.index]))) from None
@@ -174,13 +155,6 @@ def _timeout_message(name: str, policy: CallPolicy, where: str) -> str:
 def _died_message(name: str, e: CallDied, where: str) -> str:
     return (f"reward function '{name}' ended its worker process ({e.how}) on {where} (set reward.timeout_s and "
             "reward.on_timeout=SCORE to score such calls instead)")
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: message``; ``SystemExit(code)`` for a reward that called ``sys.exit`` (its message is only the code)."""
-    if isinstance(error, SystemExit):
-        return f"SystemExit({error.code!r})"
-    return f"{type(error).__name__}: {error}"
 
 
 def _where(index: int, s: Sample) -> str:

@@ -1,0 +1,285 @@
+"""Running calls of user code (reward functions, tools): in this process, or in worker processes that can
+be stopped when a call hangs.
+
+A thread cannot be stopped, so a time limit needs processes: with a time limit (or a number of
+workers) the calls go to forked worker processes, one call at a time each, so that the parent
+always knows which call a worker is running. A call that does not return in time gets its worker
+killed (and replaced); a worker that dies on its own (the function called ``os._exit``, a segfault,
+the OOM killer) is seen at once through its process sentinel. :func:`run_calls` raises at the first
+failing call (a reward run ends with one line naming the function, the sample and what happened, or,
+with ``reward.on_timeout``, that call scores the configured value and the other calls go on);
+:func:`settle_calls` returns each call's result or failure (a tool call's failure is a message to the
+policy, and the other calls go on).
+
+``multiprocessing.Pool`` is not used: it silently replaces a dead worker, and the result of the
+call that worker held never arrives (the run would wait forever).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from rlft.errors import CallDied, CallFailed, CallTimeout, Described, how_it_ended  # noqa: F401  (re-exported)
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """How calls run: worker processes (0 with no time limit: in this process), the time limit of one call
+    (0: none) and, for rewards, the score of a call that timed out or died (``reward.on_timeout``)."""
+
+    num_workers: int = 0
+    timeout_s: float = 0.0
+    on_timeout: float | None = None
+
+    @property
+    def in_process(self) -> bool:
+        return self.num_workers == 0 and self.timeout_s <= 0
+
+
+IN_PROCESS = CallPolicy()
+
+
+def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy,
+              timed_out: Any = None) -> list[Any]:
+    """``[fn(*args, **kwargs) for args, kwargs in calls]`` under ``policy``; with ``policy.on_timeout``
+    set, a call that ran past the limit or whose worker died returns ``timed_out`` (what that score
+    means for this call).
+
+    Raises:
+        CallFailed: a call raised (``SystemExit`` included: ``sys.exit()`` in a reward is its failure,
+            not the run's end).
+        CallTimeout: a call ran past ``policy.timeout_s`` and ``policy.on_timeout`` is None.
+        CallDied: a worker process ended during a call and ``policy.on_timeout`` is None.
+    """
+    if policy.in_process:
+        out = []
+        for i, (args, kwargs) in enumerate(calls):
+            try:
+                out.append(fn(*args, **kwargs))
+            except (Exception, SystemExit) as e:  # noqa: BLE001  (the caller words it)
+                raise CallFailed(i, e) from None
+        return out
+    return _Workers(fn, policy).run(calls, timed_out)
+
+
+def settle_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy) -> list[Any]:
+    """Every call of ``fn`` under ``policy`` (``on_timeout`` is not used), each settled on its own: its result,
+    or the :class:`CallFailed`, :class:`CallTimeout` or :class:`CallDied` that ended it (returned, not
+    raised). One failing call does not stop the others."""
+    if policy.in_process:
+        out: list[Any] = []
+        for i, (args, kwargs) in enumerate(calls):
+            try:
+                out.append(fn(*args, **kwargs))
+            except (Exception, SystemExit) as e:  # noqa: BLE001  (the caller words it)
+                out.append(CallFailed(i, e))
+        return out
+    return _Workers(fn, CallPolicy(policy.num_workers, policy.timeout_s), settle=True).run(calls, None)
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message``; ``SystemExit(code)`` for a function that called ``sys.exit`` (its message is only the code)."""
+    if isinstance(error, SystemExit):
+        return f"SystemExit({error.code!r})"
+    return f"{type(error).__name__}: {error}"
+
+
+# The trainer's ends of the open workers' pipes. A forked worker inherits them all and closes them
+# first: while a copy of its own pipe's far end stays open in the worker, it never sees EOF when the
+# trainer is gone.
+_PARENT_ENDS: set[Connection] = set()
+
+
+class _Worker:
+    """A forked process that runs ``fn`` on the calls sent down its pipe, one at a time."""
+
+    def __init__(self, ctx: Any, fn: Callable[..., Any]):
+        self.conn, child = ctx.Pipe()
+        _PARENT_ENDS.add(self.conn)
+        self.process = ctx.Process(target=_serve, args=(fn, child, os.getpid()), daemon=True)
+        try:
+            self.process.start()
+        except BaseException:
+            self._close()
+            raise
+        finally:
+            child.close()
+        self.index = -1
+        self.deadline = float("inf")
+
+    def start(self, index: int, call: tuple[tuple, dict], timeout_s: float) -> None:
+        self.index = index
+        self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
+        self.conn.send(call)
+
+    def receive(self) -> tuple[bool, Any] | None:
+        """The worker's reply; None when the pipe closed or a reply was cut short (the worker died)."""
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):  # OSError: "got end of file during message" from a worker that died mid-send
+            return None
+        except Exception as e:  # noqa: BLE001  (unpickling runs arbitrary code)
+            return False, RuntimeError(f"its result could not be read back from the worker ({type(e).__name__}: {e})")
+
+    def stop(self, died: bool = False) -> None:
+        if died:  # the pipe said so: give the exit a moment, so that its code (not our SIGKILL) is reported
+            self.process.join(1.0)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self._close()
+
+    def _close(self) -> None:
+        _PARENT_ENDS.discard(self.conn)
+        self.conn.close()
+
+
+class _Workers:
+    """``policy.num_workers`` (at least 1) workers for one function; a hung or dead one is replaced. With
+    ``settle``, a failure neither stops the calls after it nor is raised: it is that call's result."""
+
+    def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False):
+        self.fn, self.policy, self.settle = fn, policy, settle
+        self.ctx = multiprocessing.get_context("fork")  # workers inherit the imported user modules
+        self.idle: list[_Worker] = []
+        self.busy: list[_Worker] = []
+
+    def run(self, calls: Sequence[tuple[tuple, dict]], timed_out: Any) -> list[Any]:
+        """Every call's result; a failure is raised once the calls before it are settled, so the
+        error names the first failing sample, as in one process."""
+        results: dict[int, Any] = {}
+        failures: dict[int, Exception] = {}
+        queue = deque(range(len(calls)))
+        try:
+            for _ in range(min(max(1, self.policy.num_workers), len(calls))):
+                self.idle.append(_Worker(self.ctx, self.fn))  # one by one: the finally stops those started
+            while _unsettled(results, failures, self._bound(len(calls), failures)):
+                while queue and self.idle and queue[0] < self._bound(len(calls), failures):
+                    worker, i = self.idle.pop(), queue.popleft()
+                    try:
+                        worker.start(i, calls[i], self.policy.timeout_s)
+                    except OSError:  # it died while idle (the OOM killer's pick): a fresh one takes the call
+                        worker.stop()
+                        self.idle.append(_Worker(self.ctx, self.fn))
+                        queue.appendleft(i)
+                        continue
+                    self.busy.append(worker)
+                self._collect(results, failures, timed_out)
+        finally:
+            for worker in self.idle + self.busy:
+                worker.stop()
+        if self.settle:
+            return [results[i] if i in results else failures[i] for i in range(len(calls))]
+        if failures:
+            raise failures[min(failures)]
+        return [results[i] for i in range(len(calls))]
+
+    def _bound(self, n: int, failures: dict[int, Exception]) -> int:
+        """Calls before this index are run: all of them when settling, else those before the first failure."""
+        return n if self.settle else min([n, *failures])
+
+    def _collect(self, results: dict[int, Any], failures: dict[int, Exception], timed_out: Any) -> None:
+        """Wait for the first busy worker to answer, die or pass its deadline, and settle its call."""
+        deadline = min(w.deadline for w in self.busy)
+        timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+        ready = set(wait([w.conn for w in self.busy] + [w.process.sentinel for w in self.busy], timeout))
+        for worker in list(self.busy):
+            if worker.conn in ready:  # checked first: a worker may answer and then be gone
+                reply = worker.receive()
+                if reply is None:
+                    self._lost(worker, True, results, failures, timed_out)
+                    continue
+                ok, value = reply
+                if ok:
+                    results[worker.index] = value
+                else:
+                    failures[worker.index] = CallFailed(worker.index, value.rebuilt() if isinstance(value, Described)
+                                                        else value)
+                self.busy.remove(worker)
+                self.idle.append(worker)
+            elif worker.process.sentinel in ready or time.monotonic() >= worker.deadline:
+                self._lost(worker, worker.process.sentinel in ready, results, failures, timed_out)
+
+    def _lost(self, worker: _Worker, died: bool, results: dict[int, Any], failures: dict[int, Exception],
+              timed_out: Any) -> None:
+        """A worker died, or hung past its deadline (it is killed): its call scores ``timed_out`` under
+        ``on_timeout``, else fails; a fresh worker takes its place."""
+        worker.stop(died)
+        if self.policy.on_timeout is not None:
+            results[worker.index] = timed_out
+        else:
+            failures[worker.index] = CallDied(worker.index, worker.process.exitcode) if died \
+                else CallTimeout(worker.index)
+        self.busy.remove(worker)
+        self.idle.append(_Worker(self.ctx, self.fn))
+
+
+def _unsettled(results: dict[int, Any], failures: dict[int, Exception], bound: int) -> bool:
+    """Whether a call before ``bound`` (the first known failure, unless settling) has neither a result nor a
+    failure yet: a later failure is reported only once every earlier call has settled, so the error names
+    the first in call order."""
+    return any(i not in results and i not in failures for i in range(bound))
+
+
+def _serve(fn: Callable[..., Any], conn: Connection, trainer: int) -> None:
+    """A worker's loop. It leaves the trainer's process group: a stop signal sent to the whole group
+    (torch's agent, coreutils ``timeout``, SLURM) is meant for the trainer, which finishes its step
+    with the worker's help and then kills it. Forked workers inherit the trainer's Ctrl-C/SIGTERM
+    handler: the defaults go back, so that killing a worker stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for other in _PARENT_ENDS:
+        other.close()
+    _PARENT_ENDS.clear()
+    _die_with(trainer)
+    while True:
+        try:
+            args, kwargs = conn.recv()
+        except EOFError:  # the trainer is gone
+            os._exit(0)
+        try:
+            reply: tuple[bool, Any] = (True, fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001  (SystemExit too: the parent words it)
+            reply = (False, e)
+        conn.send(_picklable(reply))
+
+
+def _die_with(trainer: int) -> None:
+    """Have the kernel SIGKILL this worker when the trainer dies (kill -9, the OOM killer): out of its
+    process group, no group signal reaches it. Linux only; elsewhere the worker ends on its pipe's EOF."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != trainer:  # it died before prctl took effect
+        os._exit(0)
+
+
+def _picklable(reply: tuple[bool, Any]) -> tuple[bool, Any]:
+    """``reply``, or a failure saying what could not cross to the trainer: a score that does not pickle,
+    or an exception that does not survive the round trip (an ``__init__`` with other arguments than its
+    message cannot be rebuilt), which crosses as its type's name and message."""
+    ok, value = reply
+    try:
+        pickle.loads(pickle.dumps(value))
+    except Exception:  # noqa: BLE001  (pickling may raise anything)
+        if ok:
+            return False, TypeError(f"returned a {type(value).__name__}, which cannot be sent back from the worker")
+        return False, Described(type(value).__name__, str(value))
+    return reply

@@ -1,0 +1,211 @@
+"""The built-in tools: ``calculator`` (arithmetic through :mod:`ast`, in the caller's process) and ``python``
+(the policy's code in a process of its own, under time, memory, CPU and file-size limits).
+
+Both are rlft's own code, bounded in time by themselves: the tool runner calls them in its own process
+(threads), not in the worker processes that hold user tools, and they cut their own output.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rlft.errors import ToolTimeout, how_it_ended
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import EpisodeConfig
+
+
+def cut_output(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and a note saying it was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[output cut to its first {limit} characters]"
+
+
+# ----------------------------------------------------------------------------------------- calculator
+
+MAX_EXPRESSION_CHARS = 1000
+"""Longer expressions are refused before parsing (deep nesting could exhaust the parser)."""
+MAX_BITS = 4096
+"""An integer result (or operand of **) past this many bits is an error, not minutes of bignum work."""
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression and return its value.
+
+    Args:
+        expression: Numbers with + - * / // % ** and parentheses, for example "(12 + 3) * 4 ** 2".
+    """
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ValueError(f"cannot parse {expression[:80]!r} as arithmetic") from None
+    value = _evaluate(tree.body)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        _check_size(node.op, left, right)
+        value = _BINARY[type(node.op)](left, right)
+        if isinstance(value, complex):  # (-8) ** 0.5
+            raise ValueError("the result is not a real number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise OverflowError("the result is too large")
+        return value
+    raise ValueError(f"only numbers, + - * / // % ** and parentheses are allowed, not {type(node).__name__}")
+
+
+def _check_size(op: ast.operator, left: int | float, right: int | float) -> None:
+    """Refuse an operation whose integer result would pass MAX_BITS, before computing it."""
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return  # floats overflow to an error or inf in constant time
+    if isinstance(op, ast.Pow) and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_BITS:
+        raise OverflowError(f"the result would have more than {MAX_BITS} bits")
+    if isinstance(op, ast.Mult) and left.bit_length() + right.bit_length() > MAX_BITS + 1:
+        raise OverflowError(f"the result would have more than {MAX_BITS} bits")
+
+
+# --------------------------------------------------------------------------------------------- python
+
+_OUTPUT_FILE_BYTES = 4 * 2**20
+"""RLIMIT_FSIZE of the python tool: any file it writes (its output included) stops growing here."""
+
+# Runs first in the child: sets the limits, then replaces itself with a fresh isolated interpreter that reads
+# the policy's code from stdin, unbuffered (-u: prints and tracebacks reach the shared output file in order).
+# No preexec_fn: that is unsafe in a process with threads (the trainer's).
+_BOOTSTRAP = """import os, resource, sys
+for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE"), sys.argv[1:]):
+    resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
+"""
+
+
+def python_tool(cfg: EpisodeConfig) -> Callable[[str], str]:
+    """The ``python`` tool under ``cfg``'s limits (``tool_timeout_s``, ``python_memory_mb``, ``tool_output_chars``)."""
+    limits = [cfg.python_memory_mb * 2**20, math.ceil(cfg.tool_timeout_s) + 1, _OUTPUT_FILE_BYTES, 0]
+
+    def python(code: str) -> str:
+        """Run a Python program in a fresh interpreter and return what it printed (stdout and stderr).
+
+        Args:
+            code: The program; print() the values you want to see.
+        """
+        return run_python(code, limits, cfg.tool_timeout_s, cfg.tool_output_chars)
+
+    return python
+
+
+def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int) -> str:
+    """Run ``code`` with this venv's python in isolated mode, in its own session, temporary directory and
+    scrubbed environment, under ``limits`` (RLIMIT_AS, _CPU, _FSIZE, _CORE); kill its whole process group
+    when it ends or at ``timeout_s``.
+
+    Raises:
+        ToolTimeout: it ran past ``timeout_s`` (the message holds its output so far).
+    """
+    workdir = tempfile.mkdtemp(prefix="rlft-python-")
+    try:
+        with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as output:
+            source.write(code.encode("utf-8", "surrogatepass"))
+            source.seek(0)
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *map(str, limits)], stdin=source, stdout=output,
+                stderr=subprocess.STDOUT, cwd=workdir, env=_scrubbed_env(workdir), start_new_session=True)
+            try:
+                finished = _wait_exit(proc.pid, timeout_s)
+            finally:
+                _kill_group(proc.pid)
+                proc.wait()
+            text = _read(output, output_chars)
+    finally:
+        _remove(workdir)
+    if not finished:
+        so_far = f"; its output so far:\n{text}" if text else " (no output)"
+        raise ToolTimeout(f"python did not finish within {timeout_s:g} s and was killed{so_far}")
+    if proc.returncode:
+        text += f"\n[{how_it_ended(proc.returncode)}]"
+    return text or "[no output: print() the values you want to see]"
+
+
+def _scrubbed_env(workdir: str) -> dict[str, str]:
+    """Nothing of the trainer's environment (tokens, paths): a search path, a locale, home in the workdir, and
+    one thread for the math libraries (numpy, torch), so that one call uses one core, as RLIMIT_CPU assumes."""
+    one_thread = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+    return {"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
+            "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, **one_thread}
+
+
+def _wait_exit(pid: int, timeout_s: float) -> bool:
+    """Whether child ``pid`` exited within ``timeout_s``, without reaping it: while the group's leader is an
+    unreaped zombie, its process group id cannot be taken by another process, so killing the group after
+    this never hits a stranger."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (old kernel): poll
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+            time.sleep(0.01)
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL every process left in the child's session group (what it forked and left running)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read(output: Any, output_chars: int) -> str:
+    """The child's output, decoded, cut to ``output_chars``; only a bounded prefix is read."""
+    output.seek(0)
+    data = output.read(4 * output_chars + 4)  # a UTF-8 character is at most 4 bytes: enough to see a cut
+    return cut_output(data.decode("utf-8", "replace"), output_chars)
+
+
+def _remove(path: str) -> None:
+    """Remove the workdir, even where the code took away its own permissions (chmod 000 on a folder)."""
+    def retry(func: Callable[[str], Any], failed: str, _exc: Any) -> None:
+        for p in (os.path.dirname(failed), failed):
+            try:
+                os.chmod(p, 0o700)
+            except OSError:
+                pass
+        func(failed)
+
+    try:
+        shutil.rmtree(path, onerror=retry)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,54 @@
+"""The checks of ``tools`` and ``episode`` that import nothing heavy: config validation runs them before torch
+and transformers load (rlft.tools.spec loads the tools themselves)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rlft.errors import ConfigError
+from rlft.registry import split_dotted
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import EpisodeConfig
+
+BUILTIN_NAMES = ("calculator", "python")
+TOOL_FORMATS = ("auto", "template", "rlft")
+
+
+def check_tools(names: Sequence[str]) -> None:
+    """The checks of ``tools`` that import nothing (for config validation, before torch loads): each entry is
+    a built-in or of the shape 'pkg.module:function', and none is listed twice.
+
+    Raises:
+        ConfigError: naming the entry and what to write instead.
+    """
+    seen: set[str] = set()
+    for entry in names:
+        if entry in seen:
+            raise ConfigError(f"tools: '{entry}' is listed twice; list each tool once")
+        seen.add(entry)
+        if entry in BUILTIN_NAMES:
+            continue
+        if ":" not in entry and "." not in entry:
+            raise ConfigError(f"tools: unknown built-in tool '{entry}'; built-ins: {', '.join(BUILTIN_NAMES)}, "
+                              "or a user function 'pkg.module:function'")
+        if split_dotted(entry) is None:
+            raise ConfigError(f"tools: malformed tool '{entry}': expected 'pkg.module:function' or a built-in "
+                              f"({', '.join(BUILTIN_NAMES)})")
+
+
+def check_episode(cfg: EpisodeConfig) -> None:
+    """The ranges of the ``episode`` section's fields.
+
+    Raises:
+        ConfigError: naming the field and its valid range.
+    """
+    for key, value, low in [("max_turns", cfg.max_turns, 1), ("max_tokens", cfg.max_tokens, 0),
+                            ("tool_output_chars", cfg.tool_output_chars, 1), ("python_memory_mb", cfg.python_memory_mb, 32)]:
+        if value < low:
+            raise ConfigError(f"episode.{key}={value} must be at least {low}")
+    if not cfg.tool_timeout_s > 0:
+        raise ConfigError(f"episode.tool_timeout_s={cfg.tool_timeout_s} must be > 0 (a tool call needs a time limit)")
+    if cfg.tool_format not in TOOL_FORMATS:
+        raise ConfigError(f"episode.tool_format='{cfg.tool_format}'; valid choices: {', '.join(TOOL_FORMATS)}")

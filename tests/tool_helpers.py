@@ -1,0 +1,89 @@
+"""Tools used by the tests (importable as tests.tool_helpers:NAME). Tool worker processes import this module:
+it imports nothing at its top (no pytest)."""
+
+
+def multiply(a: int, b: float = 1.0) -> str:
+    """Multiply two numbers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return str(a * b)
+
+
+def fails(x: int) -> str:
+    """Raises ValueError.
+
+    Args:
+        x: Any integer.
+    """
+    raise ValueError(f"no luck with {x}")
+
+
+def hangs(x: int) -> str:
+    """Sleeps a minute.
+
+    Args:
+        x: Any integer.
+    """
+    import time
+
+    time.sleep(60)
+    return "late"
+
+
+def exits_hard(x: int) -> str:
+    """Ends its process with os._exit(3).
+
+    Args:
+        x: Any integer.
+    """
+    import os
+
+    os._exit(3)
+
+
+def calls_sys_exit(x: int) -> str:
+    """Calls sys.exit(2).
+
+    Args:
+        x: Any integer.
+    """
+    import sys
+
+    sys.exit(2)
+
+
+def returns_dict(x: int) -> str:
+    """Returns a dict instead of text.
+
+    Args:
+        x: Any integer.
+    """
+    return {"value": x}  # type: ignore[return-value]
+
+
+def returns_int(x: int) -> str:
+    """Returns a number instead of text.
+
+    Args:
+        x: Any integer.
+    """
+    return x * 2  # type: ignore[return-value]
+
+
+def no_docstring(x: int) -> str:
+    return str(x)
+
+
+def no_type_hints(x):
+    """Lacks type hints.
+
+    Args:
+        x: Anything.
+    """
+    return str(x)
+
+
+NOT_CALLABLE = 42
