@@ -187,3 +187,56 @@ def test_environment_errors_end_the_run_in_one_line(tmp_path, eos_model):
     assert "step() raised KeyError" in one_error_line(proc, 1)
     proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:Nope", "hydra.run.dir=run2"], tmp_path)
     assert "has no attribute 'Nope'" in one_error_line(proc, 2)
+
+
+# ---------------------------------------------------------------------------------------
+# Tools as the environment
+
+
+def _tool_env(*names: str):
+    from rlft.config.schemas import EpisodeConfig
+    from rlft.episodes.tool_env import ToolEnv
+    from rlft.tools.run import ToolRunner
+    from rlft.tools.spec import load_tools
+
+    cfg = EpisodeConfig(tool_timeout_s=5.0)
+    return ToolEnv(ToolRunner(load_tools(list(names), cfg), cfg))
+
+
+def test_tool_env_answers_calls_with_tool_messages_and_ends_on_a_plain_reply():
+    env = _tool_env("calculator")
+    step = env.step('Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "123*456"}}'
+                    '</tool_call>')
+    assert not step.done and step.messages == [{"role": "tool", "name": "calculator", "content": "56088"}]
+    assert step.events["tool_calls"] == 1 and step.events["tool_errors"] == 0
+    bad = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>'
+                   '<tool_call>{"name": "nope", "arguments": {}}</tool_call><tool_call>{oops</tool_call>')
+    assert len(bad.messages) == 3 and bad.events["tool_calls"] == 3 and bad.events["tool_errors"] == 3
+    assert bad.events["tool_errors/unknown_tool"] == 1 and bad.events["tool_errors/malformed"] == 1
+    assert env.step("The answer is 56088.") == Step(done=True, events={"tool_calls": 0})
+
+
+def test_the_first_prompt_describes_the_tools_in_rlfts_format(tiny):
+    from rlft.episodes.setup import EpisodeSetup
+    from rlft.tools.spec import load_tools
+
+    _, tok = tiny
+    cfg, _, _ = compose(BASE + ["data.system_prompt=Be brief."])
+    setup = EpisodeSetup(None, "tools", Limits(2, 100), load_tools(["calculator"], cfg.episode))
+    text = tok.decode(setup.prompt_ids(tok, Problem("What is 2 + 3?", "5"), cfg.data))
+    assert text.startswith("<|im_start|>system\nBe brief.\n\nYou can call tools.") and '"calculator"' in text
+    assert text.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_run_with_tools_shows_them_and_logs_the_tool_metrics(tmp_path, eos_model):
+    proc = run_cli(["train", *RUN, f"model.path={eos_model}", "tools=[calculator]", "reward.fns=[math_correct]",
+                    "trainer.steps=1", "hydra.run.dir=run"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(eos_model))
+    rows = [json.loads(line) for line in (tmp_path / "run/rollouts.jsonl").read_text().splitlines()]
+    assert "<tools>" in tok.decode(rows[0]["prompt_ids"]) and all("policy_mask" in r for r in rows)
+    m = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()][-1]
+    # the random model writes no call: one turn each, and the count says so
+    assert m["episode/turns"] == 1.0 and m["episode/tool_calls"] == 0.0

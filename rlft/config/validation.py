@@ -9,6 +9,7 @@ import re
 from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig, OptimConfig
 from rlft.errors import ConfigError
 from rlft.rewards.rubric import check_judge
+from rlft.tools.check import check_episode, check_tools
 
 
 def validate(cfg: Config) -> None:
@@ -309,19 +310,12 @@ def _check_sampler(cfg: Config) -> None:
 
 
 def _check_episodes(cfg: Config) -> None:
-    e = cfg.episode
-    if cfg.tools:  # issue 26: the tools' environment is being built; until then an option that cannot take effect
-        raise ConfigError(f"tools={list(cfg.tools)}: tool calls are not in this version yet; drop tools")
-    if e.max_turns < 1:
-        raise ConfigError(f"episode.max_turns={e.max_turns} must be at least 1")
-    for name, value in (("episode.max_tokens", e.max_tokens), ("episode.tool_output_chars", e.tool_output_chars)):
-        if value < 0:
-            raise ConfigError(f"{name}={value} must be >= 0")
-    if e.tool_timeout_s <= 0 or e.python_memory_mb < 64:
-        raise ConfigError(f"episode.tool_timeout_s={e.tool_timeout_s:g} must be > 0 and episode.python_memory_mb="
-                          f"{e.python_memory_mb} at least 64")
-    if e.tool_format not in ("auto", "template", "rlft"):
-        raise ConfigError(f"episode.tool_format={e.tool_format}; valid choices: auto, template, rlft")
-    if e.env and not getattr(cfg.data, "chat_template", True):
-        raise ConfigError("episode.env needs the chat template to render the environment's messages: "
+    check_tools(cfg.tools)
+    check_episode(cfg.episode)
+    if cfg.tools and cfg.episode.env:
+        raise ConfigError(f"tools and episode.env={cfg.episode.env} both: an environment of your own answers the "
+                          "policy's replies itself; drop tools (or call your tools from the environment)")
+    if (cfg.tools or cfg.episode.env) and not getattr(cfg.data, "chat_template", True):
+        what = "tools" if cfg.tools else "episode.env"
+        raise ConfigError(f"{what} need the chat template to render the messages between turns: "
                           "drop data.chat_template=false")

@@ -26,7 +26,8 @@ def sample_problems(sampler: Sampler, tokenizer: Any, problems: list[Problem], d
     wrote, and the reward functions also get ``transcript`` (the messages after the prompt) and
     ``env_reward`` (the sum of the environment's step rewards, or None).
     """
-    prompts = [problem_ids(tokenizer, p, data_cfg) for p in problems]
+    prompts = [episodes.prompt_ids(tokenizer, p, data_cfg) if episodes else problem_ids(tokenizer, p, data_cfg)
+               for p in problems]
     if episodes is None:
         gens = sampler.generate(prompts, params)
         texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)

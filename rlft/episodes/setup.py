@@ -1,16 +1,24 @@
-"""What a run's episodes are made of (``episode.*``, ``tools``), built once at start-up."""
+"""What a run's episodes are made of (``episode.*``, ``tools``), built once at start-up: the environment
+of each episode, the limits, and how the first prompt shows the tools to the policy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import atexit
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlft.config.validation import resolve_sampler_name
+from rlft.data.chat import problem_ids
 from rlft.episodes.env import load_env
 from rlft.episodes.run import Limits
+from rlft.episodes.tool_env import ToolEnv
+from rlft.errors import ConfigError
+from rlft.tools.format import system_prompt, template_takes_tools
+from rlft.tools.run import ToolRunner
+from rlft.tools.spec import Tool, load_tools
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import Config
+    from rlft.config.schemas import Config, DataConfig
     from rlft.data import Problem
 
 
@@ -21,21 +29,50 @@ class EpisodeSetup:
     name: str
     """How errors name the environment (``episode.env=...``)."""
     limits: Limits
+    tools: list[Tool] = field(default_factory=list)
+    tool_format: str = "auto"
+    """How the first prompt shows the tools: template (the chat template's tools=), rlft (a system prompt),
+    auto (template when the chat template takes tools)."""
 
     def make(self, problem: Problem) -> Any:
         return self.env_class(problem)
 
+    def prompt_ids(self, tokenizer: Any, problem: Problem, data_cfg: DataConfig) -> list[int]:
+        """The first prompt's ids, the tools described in it (rlft.data.chat.problem_ids without tools)."""
+        if not self.tools:
+            return problem_ids(tokenizer, problem, data_cfg)
+        messages = [{"role": "user", "content": problem.model_input}] if problem.messages is None \
+            else [dict(m) for m in problem.messages]
+        if not getattr(data_cfg, "chat_template", True) or not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("tools need the policy's chat template: drop data.chat_template=false")
+        fmt = self.tool_format
+        if fmt == "template" or (fmt == "auto" and template_takes_tools(tokenizer)):
+            if data_cfg.system_prompt:
+                messages.insert(0, {"role": "system", "content": data_cfg.system_prompt})
+            text = tokenizer.apply_chat_template(messages, tools=[t.schema for t in self.tools], tokenize=False,
+                                                 add_generation_prompt=True)
+        else:
+            own = messages.pop(0)["content"] if messages[0]["role"] == "system" else data_cfg.system_prompt
+            messages.insert(0, {"role": "system", "content": system_prompt(self.tools, own)})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
 
 def episode_setup(cfg: Config) -> EpisodeSetup | None:
-    """The run's episodes; None when each episode is one reply (no ``episode.env``)."""
+    """The run's episodes; None when each episode is one reply (no ``episode.env``, no ``tools``)."""
     e = cfg.episode
-    if not e.env:
+    if not (e.env or cfg.tools):
         return None
-    max_tokens = e.max_tokens or 2**62
-    context = cfg.sampler.vllm.max_model_len if resolve_sampler_name(cfg.sampler.name) == "vllm" else None
-    return EpisodeSetup(load_env(e.env), f"episode.env={e.env}", Limits(e.max_turns, max_tokens, context))
+    limits = Limits(e.max_turns, e.max_tokens or 2**62,
+                    cfg.sampler.vllm.max_model_len if resolve_sampler_name(cfg.sampler.name) == "vllm" else None)
+    if e.env:
+        return EpisodeSetup(load_env(e.env), f"episode.env={e.env}", limits)
+    tools = load_tools(cfg.tools, e)
+    runner = ToolRunner(tools, e)
+    atexit.register(runner.close)
+    return EpisodeSetup(lambda problem: ToolEnv(runner), "tools", limits, tools, e.tool_format)
 
 
 def policy_budget(cfg: Config) -> int:
     """The most tokens the policy can write in an episode (DAPO's overlong punishment's L_max)."""
-    return cfg.sampler.max_new_tokens * (cfg.episode.max_turns if cfg.episode.env else 1)
+    return cfg.sampler.max_new_tokens * (cfg.episode.max_turns if cfg.episode.env or cfg.tools else 1)
