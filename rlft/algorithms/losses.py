@@ -113,6 +113,78 @@ def gspo_surrogate(
     return loss, metrics
 
 
+@POLICY_LOSSES.register("cispo")
+def cispo_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig, state: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1): -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp, no PPO min.
+
+    The clipped ratio is a detached weight, so every token keeps its gradient A grad(logp) (scaled
+    by the weight); clipping bounds the weight instead of dropping the token. ``clip_eps_low >= 1``
+    leaves the weight unbounded below (the paper's and TRL's choice).
+
+    Args:
+        logp, old_logp, advantages, mask: (B, T) as for ``clip``.
+        cfg: Reads ``clip_eps_low`` and ``clip_eps_high``.
+        state: Unused.
+
+    Returns:
+        Per-token loss (B, T) and detached metrics: ``clip_frac/low`` and ``clip_frac/high`` (share
+        of masked tokens whose weight was clamped at 1 - eps_low or 1 + eps_high; their gradient is
+        kept), ``ratio/mean``.
+    """
+    ratio = torch.exp(logp - old_logp).detach()
+    lo, hi = max(1.0 - cfg.clip_eps_low, 0.0), 1.0 + cfg.clip_eps_high
+    weight = torch.clamp(ratio, lo, hi)
+    loss = -weight * advantages * logp
+    metrics = {
+        "clip_frac/low": masked_mean((ratio < lo).float(), mask),
+        "clip_frac/high": masked_mean((ratio > hi).float(), mask),
+        "ratio/mean": masked_mean(ratio, mask),
+    }
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig, state: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO (Zhao et al. 2025): the geometric mean of the token ratios, clipped per token in log space.
+
+    With A_i the row's advantage and d_t = logp - old_logp, each token's log-ratio is clipped
+    pessimistically for the sign of A_i: c_t = sgn(A_i) min(sgn(A_i) d_t, sgn(A_i) clip(d_t, -eps_low,
+    eps_high)); the sequence ratio is g_i = exp(mean_t c_t) and every token of row i carries -g_i A_i,
+    so the per-sequence mean (``seq-mean-token-mean``) gives GMPO's (1/G) sum_i g_i A_i. Here
+    ``clip_eps_low``/``clip_eps_high`` bound the log-ratio (the paper's 0.4: ratios in (e^-0.4, e^0.4)).
+
+    Args:
+        logp, old_logp, advantages, mask: (B, T); advantages are constant along each row.
+        cfg: Reads ``clip_eps_low`` and ``clip_eps_high``.
+        state: Unused.
+
+    Returns:
+        Per-token loss (B, T) and detached metrics: ``clip_frac/low`` (share of masked tokens whose
+        gradient the clip removed: d < -eps_low with A < 0), ``clip_frac/high`` (d > eps_high with
+        A > 0), ``ratio/mean`` (mean sequence ratio g_i over rows with tokens).
+    """
+    n = mask.sum(1).clamp(min=1)
+    seq_adv = (advantages * mask).sum(1) / n
+    sign = torch.sign(seq_adv)[:, None]
+    log_ratio = logp - old_logp
+    clipped = torch.clamp(log_ratio, -cfg.clip_eps_low, cfg.clip_eps_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    seq_ratio = torch.exp((pessimistic * mask).sum(1) / n)
+    loss = (-seq_ratio * seq_adv)[:, None].expand_as(logp)
+    with torch.no_grad():
+        rows = (mask.sum(1) > 0).float()
+        metrics = {
+            "clip_frac/low": masked_mean(((log_ratio < -cfg.clip_eps_low) & (sign < 0)).float(), mask),
+            "clip_frac/high": masked_mean(((log_ratio > cfg.clip_eps_high) & (sign > 0)).float(), mask),
+            "ratio/mean": (seq_ratio * rows).sum() / rows.sum().clamp(min=1),
+        }
+    return loss, metrics
+
+
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_eps: float) -> Tensor:
     """PPO value loss per token: 0.5 max((V - R)^2, (clip(V, V_old - eps, V_old + eps) - R)^2).
 
