@@ -46,14 +46,18 @@ def clipped_surrogate(
     clipped = torch.clamp(ratio, lo, hi) * advantages
     loss = -torch.minimum(unclipped, clipped)
     with torch.no_grad():
-        low = ((ratio < lo) & (advantages < 0)).float()
-        high = ((ratio > hi) & (advantages > 0)).float()
-        metrics = {
-            "clip_frac/low": masked_mean(low, mask),
-            "clip_frac/high": masked_mean(high, mask),
-            "ratio/mean": masked_mean(ratio, mask),
-        }
+        metrics = _token_clip_metrics((ratio < lo) & (advantages < 0), (ratio > hi) & (advantages > 0), ratio, mask)
     return loss, metrics
+
+
+def _token_clip_metrics(low: Tensor, high: Tensor, ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """``clip_frac/low``, ``clip_frac/high`` (shares of masked tokens where ``low``/``high`` hold) and
+    ``ratio/mean`` over the masked tokens. Shapes (B, T)."""
+    return {
+        "clip_frac/low": masked_mean(low.float(), mask),
+        "clip_frac/high": masked_mean(high.float(), mask),
+        "ratio/mean": masked_mean(ratio, mask),
+    }
 
 
 @POLICY_LOSSES.register("kl_penalty")
@@ -137,12 +141,7 @@ def cispo_surrogate(
     lo, hi = max(1.0 - cfg.clip_eps_low, 0.0), 1.0 + cfg.clip_eps_high
     weight = torch.clamp(ratio, lo, hi)
     loss = -weight * advantages * logp
-    metrics = {
-        "clip_frac/low": masked_mean((ratio < lo).float(), mask),
-        "clip_frac/high": masked_mean((ratio > hi).float(), mask),
-        "ratio/mean": masked_mean(ratio, mask),
-    }
-    return loss, metrics
+    return loss, _token_clip_metrics(ratio < lo, ratio > hi, ratio, mask)
 
 
 @POLICY_LOSSES.register("gmpo")

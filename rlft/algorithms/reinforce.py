@@ -40,10 +40,10 @@ def sequence_rewards(inputs: AdvantageInputs) -> Tensor:
 def _group_sums(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per sample: its reward (0 if unscored, float64), whether it is scored, and its group's
     (count of scored members, sum of their rewards)."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
+    uniq, inverse = torch.unique(group_ids, return_inverse=True)
     scored = torch.isfinite(rewards)
     values = torch.where(scored, rewards, torch.zeros_like(rewards)).double()
-    zeros = torch.zeros(int(inverse.max()) + 1 if inverse.numel() else 0, dtype=torch.float64, device=rewards.device)
+    zeros = torch.zeros(uniq.numel(), dtype=torch.float64, device=rewards.device)
     counts = zeros.clone().index_add_(0, inverse, scored.double())[inverse]
     sums = zeros.clone().index_add_(0, inverse, values)[inverse]
     return values, scored, torch.stack([counts, sums])
