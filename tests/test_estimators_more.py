@@ -12,6 +12,7 @@ import torch
 
 from rlft.algorithms import ADV_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, AdvantageInputs, LossNorm
 from rlft.algorithms.advantages import ppo_token_rewards
+from rlft.algorithms.reinforce import discounted_returns
 from rlft.config import ConfigError, compose
 from rlft.trainer import build_components, train_step
 from tests.support import TINY
@@ -70,6 +71,14 @@ def test_reinforce_pp_discounts_by_hand():
     assert torch.allclose(ret, torch.tensor([[0.25, 0.3, 1.0], [0.55, 0.5, 0.0]]), atol=1e-6)
     mean, var = 2.6 / 5, (0.27**2 + 0.22**2 + 0.48**2 + 0.03**2 + 0.02**2) / 4
     assert torch.allclose(adv, (ret - mean) / math.sqrt(var) * mask, atol=1e-5)
+
+
+def test_reinforce_pp_returns_skip_tokens_outside_the_mask_between_turns():
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]])  # two policy turns around two environment tokens
+    rewards = torch.tensor([[0.1, 0.2, 9.0, 9.0, 0.3, 1.0, 0.0]])
+    ret = discounted_returns(rewards, mask, gamma=0.5)
+    # G5 = 1, G4 = 0.3 + 0.5 = 0.8, G1 = 0.2 + 0.5 * 0.8 = 0.6 (the environment tokens are skipped), G0 = 0.1 + 0.3
+    assert torch.allclose(ret, torch.tensor([[0.4, 0.6, 0.0, 0.0, 0.8, 1.0, 0.0]]), atol=1e-6)
 
 
 def test_reinforce_pp_baseline_by_hand():

@@ -79,11 +79,16 @@ def group_centred(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
 
 def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """G_t = sum_{k >= t} gamma^(k-t) reward_k over each response (returns-to-go), zero outside the mask.
+    """G_t = sum_{k >= t} gamma^(k-t) reward_k over each response's policy tokens (returns-to-go), zero
+    outside the mask.
+
+    k runs over the tokens inside the mask: tokens outside it between two of the policy's (a multi-turn
+    episode's environment tokens) are skipped and carry the return over, as :func:`gae` does (verl's
+    loop resets it there). On one-turn rows (a prefix mask) both are verl's returns.
 
     Args:
-        token_rewards: (B, T) per-token rewards.
-        mask: (B, T) response mask.
+        token_rewards: (B, T) per-token rewards (read only inside the mask).
+        mask: (B, T) 1 on the policy's tokens.
         gamma: Discount.
 
     Returns:
@@ -92,8 +97,9 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float) -> Ten
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = (token_rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
+        inside = mask[:, t] > 0
+        running = torch.where(inside, token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running * mask[:, t]
     return returns
 
 
