@@ -47,6 +47,7 @@ def prepare_batch(c: Components, batch: RolloutBatch, cfg: Config) -> dict[str, 
     token_rewards = None
     if c.critic is not None:
         batch.values = batch_values(policy, c.critic, batch, micro, dp)
+    if a.uses_token_rewards:  # PPO, RLOO, REINFORCE++: the score on the last token, the KL penalty on each
         token_rewards = ppo_token_rewards(batch.scores.nan_to_num(0.0), batch.old_logp, batch.ref_logp, batch.response_mask,
                                           c.state.kl_coef)
     t1 = time.perf_counter()

@@ -31,6 +31,9 @@ TINY = [
     "logger.console=false",
 ]
 
+# conf/algo/'s presets, as an unknown algo's error lists them.
+ALGO_PRESETS = "cispo, dapo, drgrpo, gmpo, grpo, gspo, ppo, reinforce_pp, reinforce_pp_baseline, rloo"
+
 # The real GSM8K (MIT) lives beside the checkout; the package does not ship it.
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 needs_gsm8k = pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason=f"GSM8K not found at {GSM8K}")

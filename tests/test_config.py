@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlft.config import Config, ConfigError, compose, conf_dir, group_options
-from tests.support import ROOT, TINY, run_cli
+from tests.support import ALGO_PRESETS, ROOT, TINY, run_cli
 
 
 def test_defaults_compose_into_typed_config(compose_cfg):
@@ -36,7 +36,7 @@ def test_conf_found_in_checkout():
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("algo=grpoo", "unknown algo 'grpoo'; valid choices: dapo, drgrpo, grpo, gspo, ppo"),
+        ("algo=grpoo", "unknown algo 'grpoo'; valid choices: " + ALGO_PRESETS),
         ("algo.bta=1", "unknown config key 'algo.bta': no 'bta' in 'algo'; valid keys: name, adv_estimator"),
         ("trainr.steps=1", "unknown config key 'trainr.steps': no 'trainr' in the top level; valid keys: algo"),
         ("trainer.steps=abc", "invalid value for 'trainer.steps'"),
@@ -60,7 +60,7 @@ def test_cli_config_error_exits_2_without_traceback(tmp_path):
     proc = run_cli(["train", "algo=grpoo"], cwd=tmp_path)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == ["rlft: error: unknown algo 'grpoo'; valid choices: dapo, drgrpo, grpo, gspo, ppo"]
+    assert lines == ["rlft: error: unknown algo 'grpoo'; valid choices: " + ALGO_PRESETS]
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
@@ -74,7 +74,7 @@ def test_cli_type_error_exits_2(tmp_path):
 def test_cli_help_lists_groups(tmp_path):
     proc = run_cli(["train", "--help"], cwd=tmp_path)
     assert proc.returncode == 0
-    assert "algo      dapo, drgrpo, grpo, gspo, ppo" in proc.stdout and "tiny" in proc.stdout
+    assert f"algo      {ALGO_PRESETS}" in proc.stdout and "tiny" in proc.stdout
 
 
 def test_cli_cfg_prints_resolved_config(tmp_path):

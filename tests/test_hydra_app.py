@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rlft.tracking import read_metrics
-from tests.support import ROOT, TINY, run_cli
+from tests.support import ALGO_PRESETS, ROOT, TINY, run_cli
 
 EVEN = ["reward.fns=[tests.helpers:answer_is_even]", "reward.weights=[1]"]  # accuracy = share of even answers
 
@@ -31,7 +31,7 @@ def _jobs(root: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["-m", "algo=grpo,dapox"], "unknown algo 'dapox'; valid choices: dapo, drgrpo, grpo, gspo, ppo"),
+    (["-m", "algo=grpo,dapox"], "unknown algo 'dapox'; valid choices: " + ALGO_PRESETS),
     (["-m", "trainer.stepz=1,2"], "unknown config key 'trainer.stepz'"),
     (["-m", "trainer.steps=2,abc"], "job trainer.steps=abc: invalid value for 'trainer.steps'"),
     (["-m", "sampler.n=1,4", "algo=grpo"], "job sampler.n=1: sampler.n=1: group-relative advantages"),

@@ -4,6 +4,7 @@ Every function works on ``(batch, tokens)`` tensors with a response mask and is 
 by name, so a preset in conf/algo/ picks it with a string.
 """
 
+from rlft.algorithms import reinforce  # noqa: F401  (registers rloo, reinforce_pp, reinforce_pp_baseline)
 from rlft.algorithms.advantages import ADV_ESTIMATORS, AdvantageInputs
 from rlft.algorithms.aggregation import LOSS_AGGREGATIONS, LossNorm
 from rlft.algorithms.kl import KL_ESTIMATORS

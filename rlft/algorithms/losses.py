@@ -46,14 +46,18 @@ def clipped_surrogate(
     clipped = torch.clamp(ratio, lo, hi) * advantages
     loss = -torch.minimum(unclipped, clipped)
     with torch.no_grad():
-        low = ((ratio < lo) & (advantages < 0)).float()
-        high = ((ratio > hi) & (advantages > 0)).float()
-        metrics = {
-            "clip_frac/low": masked_mean(low, mask),
-            "clip_frac/high": masked_mean(high, mask),
-            "ratio/mean": masked_mean(ratio, mask),
-        }
+        metrics = _token_clip_metrics((ratio < lo) & (advantages < 0), (ratio > hi) & (advantages > 0), ratio, mask)
     return loss, metrics
+
+
+def _token_clip_metrics(low: Tensor, high: Tensor, ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """``clip_frac/low``, ``clip_frac/high`` (shares of masked tokens where ``low``/``high`` hold) and
+    ``ratio/mean`` over the masked tokens. Shapes (B, T)."""
+    return {
+        "clip_frac/low": masked_mean(low.float(), mask),
+        "clip_frac/high": masked_mean(high.float(), mask),
+        "ratio/mean": masked_mean(ratio, mask),
+    }
 
 
 @POLICY_LOSSES.register("kl_penalty")
@@ -109,6 +113,73 @@ def gspo_surrogate(
             "clip_frac/low": (((seq_ratio < lo) & (seq_adv < 0)).float() * rows).sum() / denom,
             "clip_frac/high": (((seq_ratio > hi) & (seq_adv > 0)).float() * rows).sum() / denom,
             "ratio/mean": (seq_ratio * rows).sum() / denom,
+        }
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig, state: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1): -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp, no PPO min.
+
+    The clipped ratio is a detached weight, so every token keeps its gradient A grad(logp) (scaled
+    by the weight); clipping bounds the weight instead of dropping the token. ``clip_eps_low >= 1``
+    leaves the weight unbounded below (the paper's and TRL's choice).
+
+    Args:
+        logp, old_logp, advantages, mask: (B, T) as for ``clip``.
+        cfg: Reads ``clip_eps_low`` and ``clip_eps_high``.
+        state: Unused.
+
+    Returns:
+        Per-token loss (B, T) and detached metrics: ``clip_frac/low`` and ``clip_frac/high`` (share
+        of masked tokens whose weight was clamped at 1 - eps_low or 1 + eps_high; their gradient is
+        kept), ``ratio/mean``.
+    """
+    ratio = torch.exp(logp - old_logp).detach()
+    lo, hi = max(1.0 - cfg.clip_eps_low, 0.0), 1.0 + cfg.clip_eps_high
+    weight = torch.clamp(ratio, lo, hi)
+    loss = -weight * advantages * logp
+    return loss, _token_clip_metrics(ratio < lo, ratio > hi, ratio, mask)
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgoConfig, state: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO (Zhao et al. 2025): the geometric mean of the token ratios, clipped per token in log space.
+
+    With A_i the row's advantage and d_t = logp - old_logp, each token's log-ratio is clipped
+    pessimistically for the sign of A_i: c_t = sgn(A_i) min(sgn(A_i) d_t, sgn(A_i) clip(d_t, -eps_low,
+    eps_high)); the sequence ratio is g_i = exp(mean_t c_t) and every token of row i carries -g_i A_i,
+    so the per-sequence mean (``seq-mean-token-mean``) gives GMPO's (1/G) sum_i g_i A_i. Here
+    ``clip_eps_low``/``clip_eps_high`` bound the log-ratio (the paper's 0.4: ratios in (e^-0.4, e^0.4)).
+
+    Args:
+        logp, old_logp, advantages, mask: (B, T); advantages are constant along each row.
+        cfg: Reads ``clip_eps_low`` and ``clip_eps_high``.
+        state: Unused.
+
+    Returns:
+        Per-token loss (B, T) and detached metrics: ``clip_frac/low`` (share of masked tokens whose
+        gradient the clip removed: d < -eps_low with A < 0), ``clip_frac/high`` (d > eps_high with
+        A > 0), ``ratio/mean`` (mean sequence ratio g_i over rows with tokens).
+    """
+    n = mask.sum(1).clamp(min=1)
+    seq_adv = (advantages * mask).sum(1) / n
+    sign = torch.sign(seq_adv)[:, None]
+    log_ratio = logp - old_logp
+    clipped = torch.clamp(log_ratio, -cfg.clip_eps_low, cfg.clip_eps_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    seq_ratio = torch.exp((pessimistic * mask).sum(1) / n)
+    loss = (-seq_ratio * seq_adv)[:, None].expand_as(logp)
+    with torch.no_grad():
+        rows = (mask.sum(1) > 0).float()
+        metrics = {
+            "clip_frac/low": masked_mean(((log_ratio < -cfg.clip_eps_low) & (sign < 0)).float(), mask),
+            "clip_frac/high": masked_mean(((log_ratio > cfg.clip_eps_high) & (sign > 0)).float(), mask),
+            "ratio/mean": (seq_ratio * rows).sum() / rows.sum().clamp(min=1),
         }
     return loss, metrics
 

@@ -42,12 +42,12 @@ OPTIMIZER = (HARMFUL, "the optimizer's updates or LR schedule")
 
 # `rlft train --help algo` sections: which algorithm each AlgoConfig knob belongs to. The override
 # paths stay flat: algo.ppo_epochs, algo.tis_cap.
-ADVANTAGES = "Advantages (GRPO, Dr. GRPO)"
+ADVANTAGES = "Advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++)"
 POLICY_LOSS = "Policy loss (all)"
 KL_REFERENCE = "KL to the reference (GRPO)"
 EPOCHS = "Several updates per rollout (PPO; any algorithm)"
 PENALTY = "PPO-Penalty (policy_loss=kl_penalty)"
-PPO = "PPO: KL in the reward, GAE and the critic (adv_estimator=gae)"
+PPO = "KL in the reward (PPO, RLOO, REINFORCE++), GAE and the critic (adv_estimator=gae)"
 DAPO = "DAPO: dynamic sampling and overlong handling"
 MISMATCH = "Sampler mismatch correction (sampler=vllm)"
 
@@ -61,22 +61,28 @@ def knob(default: Any = None, resume: tuple[str, str] | None = None, *, factory:
     return field(default=default, metadata=metadata)
 
 
+# Advantage estimators that read per-token rewards, where kl_reward_coef's KL penalty sits (verl's
+# token_level_rewards with use_kl_in_reward); the others read the sequence score alone.
+TOKEN_REWARD_ESTIMATORS = ("gae", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+
+
 @dataclass
 class AlgoConfig:
     name: str = knob("grpo", LABEL)
     """Preset name, for display."""
     adv_estimator: str = knob("grpo", ALGORITHM, section=ADVANTAGES)
-    """Advantage estimator registered in rlft.algorithms.advantages."""
+    """Advantage estimator registered in rlft.algorithms (grpo, gae, rloo, reinforce_pp, reinforce_pp_baseline)."""
     norm_adv_by_std: bool = knob(True, ALGORITHM, section=ADVANTAGES)
     """GRPO: divide group-centred rewards by the group's std (False: Dr. GRPO)."""
     adv_eps: float = knob(1e-6, ALGORITHM, section=ADVANTAGES)
     """Added to the group std before dividing."""
     policy_loss: str = knob("clip", ALGORITHM, section=POLICY_LOSS)
-    """Policy loss registered in rlft.algorithms.losses."""
+    """Policy loss registered in rlft.algorithms.losses (clip, kl_penalty, gspo, cispo, gmpo)."""
     clip_eps_low: float = knob(0.2, ALGORITHM, section=POLICY_LOSS)
-    """Ratio clipped below at 1 - clip_eps_low."""
+    """Ratio clipped below at 1 - clip_eps_low (cispo: >= 1 leaves its weight unbounded below; gmpo: the
+    log-ratio is clipped at -clip_eps_low)."""
     clip_eps_high: float = knob(0.2, ALGORITHM, section=POLICY_LOSS)
-    """Ratio clipped above at 1 + clip_eps_high (DAPO's clip-higher uses 0.28)."""
+    """Ratio clipped above at 1 + clip_eps_high (DAPO's clip-higher uses 0.28; gmpo: the log-ratio at +clip_eps_high)."""
     kl_estimator: str = knob("k3", ALGORITHM, section=KL_REFERENCE)
     """Estimator of KL(pi_theta || pi_ref) per token: k1, k2 or k3."""
     beta: float = knob(0.04, ALGORITHM, section=KL_REFERENCE)
@@ -94,7 +100,8 @@ class AlgoConfig:
     penalty_target_kl: float = knob(0.01, ALGORITHM, section=PENALTY)
     """PPO-Penalty: beta doubles when KL > 1.5x this, halves when KL < this / 1.5."""
     kl_reward_coef: float = knob(0.0, ALGORITHM, section=PPO)
-    """PPO: coefficient of the per-token KL penalty -coef * (logp_old - logp_ref) in the reward."""
+    """Coefficient of the per-token KL penalty -coef * (logp_old - logp_ref) in the reward, read by the
+    estimators of per-token rewards (gae, rloo, reinforce_pp, reinforce_pp_baseline)."""
     kl_ctrl: str = knob("fixed", ALGORITHM, section=PPO)
     """PPO: fixed or adaptive (InstructGPT controller) kl_reward_coef."""
     kl_target: float = knob(6.0, ALGORITHM, section=PPO)
@@ -102,7 +109,7 @@ class AlgoConfig:
     kl_horizon: int = knob(10000, ALGORITHM, section=PPO)
     """Adaptive controller: horizon in samples."""
     gamma: float = knob(1.0, ALGORITHM, section=PPO)
-    """GAE discount."""
+    """Discount (GAE, REINFORCE++'s returns-to-go)."""
     lam: float = knob(0.95, ALGORITHM, section=PPO)
     """GAE lambda."""
     whiten_advantages: bool = knob(True, ALGORITHM, section=PPO)
@@ -134,17 +141,27 @@ class AlgoConfig:
         return self.adv_estimator == "gae"
 
     @property
+    def uses_token_rewards(self) -> bool:
+        """The estimator reads per-token rewards (score on the last token, kl_reward_coef's KL on each)."""
+        return self.adv_estimator in TOKEN_REWARD_ESTIMATORS
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """A KL penalty in the per-token reward (the adaptive coefficient only scales kl_reward_coef,
+        so it stays 0 when it starts at 0)."""
+        return self.uses_token_rewards and self.kl_reward_coef > 0
+
+    @property
     def needs_reference(self) -> bool:
-        """A KL term to the reference in the loss, or in PPO's reward (the adaptive coefficient
-        only scales kl_reward_coef, so it stays 0 when it starts at 0)."""
-        return self.beta > 0 or (self.uses_critic and self.kl_reward_coef > 0)
+        """A KL term to the reference in the loss, or in the reward."""
+        return self.beta > 0 or self.kl_in_reward
 
     @property
     def needs_old_logprobs(self) -> bool:
         """A pass for the rollout policy's log-probs before the update: several steps per rollout
-        move the policy away from it, and PPO's reward reads them (with one step and no critic the
-        ratio is exp(logp - logp.detach()))."""
-        return self.ppo_epochs > 1 or self.num_mini_batches > 1 or self.uses_critic
+        move the policy away from it, and the in-reward KL (and PPO's critic step) reads them (otherwise
+        the ratio is exp(logp - logp.detach()))."""
+        return self.ppo_epochs > 1 or self.num_mini_batches > 1 or self.uses_critic or self.kl_in_reward
 
     @property
     def uses_ppo_penalty(self) -> bool:
@@ -153,8 +170,8 @@ class AlgoConfig:
 
     @property
     def adapts_kl_coef(self) -> bool:
-        """PPO's in-reward KL coefficient follows the adaptive (InstructGPT) controller."""
-        return self.uses_critic and self.kl_ctrl == "adaptive"
+        """The in-reward KL coefficient follows the adaptive (InstructGPT) controller."""
+        return self.uses_token_rewards and self.kl_ctrl == "adaptive"
 
     @property
     def learns_from_zero_advantages(self) -> bool:

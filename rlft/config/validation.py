@@ -31,7 +31,7 @@ def validate(cfg: Config) -> None:
         )
     if a.max_sampling_rounds < 1:
         raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be at least 1")
-    if a.adv_estimator == "grpo" and s.n < 2:
+    if a.adv_estimator in ("grpo", "rloo") and s.n < 2:
         raise ConfigError(f"sampler.n={s.n}: group-relative advantages need at least 2 completions per prompt")
     batch = t.num_prompts * s.n
     if a.num_mini_batches < 1 or batch % a.num_mini_batches:
@@ -52,8 +52,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"sampler.temperature={s.temperature} must be > 0 (log-probs divide by it)")
     if not 0 < s.top_p <= 1:
         raise ConfigError(f"sampler.top_p={s.top_p} must be in (0, 1]")
-    if a.clip_eps_low < 0 or a.clip_eps_high < 0 or a.clip_eps_low >= 1:
+    if a.clip_eps_low < 0 or a.clip_eps_high < 0 or (a.clip_eps_low >= 1 and a.policy_loss not in ("cispo", "gmpo")):
         raise ConfigError("algo.clip_eps_low must be in [0, 1) and algo.clip_eps_high >= 0")
+    _check_gmpo(a)
     if a.beta < 0:
         raise ConfigError(f"algo.beta={a.beta} must be >= 0")
     _check_single_pass(a)
@@ -96,6 +97,18 @@ def validate(cfg: Config) -> None:
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
     _check_sampler(cfg)
+
+
+def _check_gmpo(a: AlgoConfig) -> None:
+    """GMPO's objective is a mean over sequences of one geometric-mean ratio times one advantage each."""
+    if a.policy_loss != "gmpo":
+        return
+    if a.loss_agg != "seq-mean-token-mean":
+        raise ConfigError(f"algo.policy_loss=gmpo averages one term per sequence; algo.loss_agg={a.loss_agg} would weight "
+                          "sequences by their length: use algo.loss_agg=seq-mean-token-mean")
+    if a.adv_estimator in ("gae", "reinforce_pp"):
+        raise ConfigError(f"algo.policy_loss=gmpo needs one advantage per sequence; algo.adv_estimator={a.adv_estimator} "
+                          "gives one per token: use grpo, rloo or reinforce_pp_baseline")
 
 
 def _check_data(cfg: Config) -> None:
