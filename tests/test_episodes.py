@@ -240,3 +240,29 @@ def test_a_run_with_tools_shows_them_and_logs_the_tool_metrics(tmp_path, eos_mod
     m = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()][-1]
     # the random model writes no call: one turn each, and the count says so
     assert m["episode/turns"] == 1.0 and m["episode/tool_calls"] == 0.0
+
+
+@pytest.mark.slow
+def test_episodes_are_the_same_on_two_ranks_and_after_a_resume(tmp_path, eos_model):
+    """DAPO on TwoTurnEnv episodes (dynamic sampling keeps informative groups): 2 ranks give one process's
+    episodes token for token and its weights; a run stopped after step 2 and resumed ends as an unbroken one."""
+    from safetensors.torch import load_file
+
+    args = [*RUN, f"model.path={eos_model}", "episode.env=tests.envs:TwoTurnEnv", "reward.fns=[env_reward]",
+            "algo=dapo", "algo.overlong_filter=false", "algo.max_sampling_rounds=2", "trainer.threads=1",
+            "optim.lr=1e-2", "trainer.steps=3"]
+    for name, extra in (("one", []), ("two", ["trainer.nproc=2"]), ("cut", ["trainer.steps=2"])):
+        proc = run_cli(["train", *args, *extra, f"hydra.run.dir={name}"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_cli(["train", *args, "trainer.resume=auto", "hydra.run.dir=cut"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    def rollouts(d):
+        return [json.loads(line) for line in (tmp_path / d / "rollouts.jsonl").read_text().splitlines()]
+
+    assert rollouts("one") == rollouts("two") == rollouts("cut")
+    assert any(0 in r["policy_mask"] for r in rollouts("one"))
+    w = {d: load_file(str(tmp_path / d / "checkpoints/step_000003/trainable.safetensors")) for d in ("one", "two", "cut")}
+    assert all(torch.equal(w["one"][k], w["cut"][k]) for k in w["one"])
+    for k, a in w["one"].items():
+        assert float((a - w["two"][k]).norm() / a.norm().clamp(min=1e-12)) < 1e-5, k
