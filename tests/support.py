@@ -50,7 +50,9 @@ DIST_ARGS = ["sampler=hf", "model=tiny", "model.dtype=fp32", "trainer.threads=1"
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # tests.helpers / tests.envs must import from any cwd, as a user's package on PYTHONPATH would.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
     return subprocess.run(
         [sys.executable, "-m", "rlft.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -78,7 +78,7 @@ def test_nan_is_an_error(user_module):
 
 
 def test_unknown_reward_lists_builtins():
-    with pytest.raises(RewardError, match="unknown reward 'mathh'; built-ins: countdown_correct, format_number, gsm8k_correct, length_penalty"):
+    with pytest.raises(RewardError, match="unknown reward 'mathh'; built-ins: countdown_correct, env_reward, format_number, gsm8k_correct, length_penalty, math_correct, or a dotted path"):
         resolve_reward("mathh")
     with pytest.raises(RewardError, match="cannot load reward function 'nosuchpkg:fn'"):
         resolve_reward("nosuchpkg:fn")
