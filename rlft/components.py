@@ -17,7 +17,7 @@ import torch
 from rlft.data import Task, build_task
 from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.distributed import SINGLE, DataParallel, local_rank
-from rlft.episodes.setup import EpisodeSetup, episode_setup
+from rlft.episodes.setup import EpisodeSetup, episode_setup, prompt_overhead
 from rlft.errors import ConfigError
 from rlft.learner import build_optimizer
 from rlft.models import Policy, build_policy
@@ -84,7 +84,9 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     task = build_task(cfg.data, cfg.seed)
     a = cfg.algo
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference, device=device)
-    task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler))  # counts: task.dropped
+    episodes = episode_setup(cfg)
+    task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler),  # counts: task.dropped
+                                   prompt_overhead(episodes, policy.tokenizer, task, cfg.data))
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
@@ -99,7 +101,7 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
-                      scorers=scorers, gold=gold, episodes=episode_setup(cfg))
+                      scorers=scorers, gold=gold, episodes=episodes)
 
 
 def preflight(cfg: Config, world: int) -> None:

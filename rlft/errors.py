@@ -52,6 +52,11 @@ class EnvError(RlftError, RuntimeError):
     exit_code = 1
 
 
+class EnvOvertime(BaseException):
+    """Raised by SIGALRM inside an environment call past ``episode.env_timeout_s`` (rlft.episodes.run turns
+    it into an EnvError); a BaseException, so that the user's ``except Exception`` lets it by."""
+
+
 class RewardNameError(RewardError, ConfigError):
     """An entry of ``reward.fns`` names nothing callable: a mistake in the config (exit 2), not in the function."""
 

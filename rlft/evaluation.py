@@ -11,8 +11,9 @@ from rlft.data import build_task
 from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.data.tasks import Problem
 from rlft.distributed import SINGLE, DataParallel
+from rlft.episodes.run import Episodes
 from rlft.episodes.sample import sample_problems
-from rlft.episodes.setup import EpisodeSetup, episode_setup
+from rlft.episodes.setup import EpisodeSetup, episode_setup, prompt_overhead
 from rlft.errors import DataError
 from rlft.models import build_policy
 from rlft.models.device import resolve_device
@@ -23,19 +24,19 @@ from rlft.rewards.calls import call_policy
 from rlft.rewards.scorer import eval_reward
 from rlft.rollout import prompt_seeds
 from rlft.run_state import load_policy_weights, trained_dtype
-from rlft.samplers import Sampler, SamplingParams, build_sampler, sync_sampler
+from rlft.samplers import Generations, Sampler, SamplingParams, build_sampler, sync_sampler
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
 
 
 def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
-                params: SamplingParams, episodes: EpisodeSetup | None = None) -> tuple[list[list[bool]], int]:
+                params: SamplingParams, episodes: EpisodeSetup | None = None) -> tuple[list[list[bool]], Generations]:
     """Sample ``params.n`` completions (or episodes) per problem and judge each (> 0.5) with
     :func:`eval_reward`'s function: ``reward.gold``'s checker when there is one, else the first reward function.
 
     Returns:
-        Per problem, one bool per completion; and the number of completion tokens.
+        Per problem, one bool per completion; and what was sampled.
     """
     _, gens, samples = sample_problems(sampler, tokenizer, problems, cfg.data, params, episodes)
     judge = eval_reward(cfg)
@@ -46,7 +47,7 @@ def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: 
     out: list[list[bool]] = [[] for _ in problems]
     for i, s in zip(gens.prompt_index, per_fn[judge]):
         out[i].append(s > 0.5)
-    return out, gens.num_tokens
+    return out, gens
 
 
 def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
@@ -56,14 +57,27 @@ def evaluate(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Con
     Under data parallelism each rank evaluates a contiguous share and the counts are summed.
 
     Returns:
-        ``eval/accuracy`` and ``eval/mean_tokens``.
+        ``eval/accuracy`` and ``eval/mean_tokens``; with episodes also ``eval/episode/turns``,
+        ``eval/episode/tool_calls`` and ``eval/episode/policy_token_frac`` (means per episode).
     """
     share = -(-len(problems) // dp.world)
     mine = problems[dp.rank * share : (dp.rank + 1) * share]
     params = SamplingParams(n=1, max_new_tokens=cfg.sampler.max_new_tokens, greedy=True)
-    ok, tokens = correctness(sampler, tokenizer, mine, cfg, params, episodes) if mine else ([], 0)
-    right, tokens = dp.sum_floats([float(sum(o[0] for o in ok)), float(tokens)])
-    return {"eval/accuracy": right / len(problems), "eval/mean_tokens": tokens / len(problems)}
+    ok, gens = correctness(sampler, tokenizer, mine, cfg, params, episodes) if mine else ([], None)
+    counts = [float(sum(o[0] for o in ok)), float(gens.num_tokens if gens else 0), *_episode_counts(gens)]
+    right, tokens, turns, calls, policy_tokens = dp.sum_floats(counts)
+    out = {"eval/accuracy": right / len(problems), "eval/mean_tokens": tokens / len(problems)}
+    if episodes is not None:
+        out.update({"eval/episode/turns": turns / len(problems), "eval/episode/tool_calls": calls / len(problems),
+                    "eval/episode/policy_token_frac": policy_tokens / max(tokens, 1.0)})
+    return out
+
+
+def _episode_counts(gens: Generations | None) -> list[float]:
+    """Turns, tool calls and the policy's tokens of sampled episodes (zeros for single replies)."""
+    if not isinstance(gens, Episodes):
+        return [0.0, 0.0, 0.0]
+    return [float(sum(gens.turns)), float(gens.events.get("tool_calls", 0)), float(sum(map(sum, gens.policy_mask)))]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -108,7 +122,9 @@ def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, An
     device = resolve_device(cfg.trainer.device)
     cfg.model.dtype = resolve_precision(cfg.model, device.type).dtype
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False, device=device)
-    task = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler))[0]
+    episodes = episode_setup(cfg)
+    task = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler),
+                             prompt_overhead(episodes, policy.tokenizer, task, cfg.data))[0]
     problems = task.eval_problems
     if not problems:
         raise DataError(f"every held-out prompt is longer than {task.dropped_by}")
@@ -118,7 +134,6 @@ def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, An
         sync_sampler(sampler, policy)
     result: dict[str, Any] = {"model": str(checkpoint) if checkpoint else cfg.model.name, "problems": len(problems),
                               "temperature": cfg.sampler.temperature, "samples": samples}
-    episodes = episode_setup(cfg)
     result.update(evaluate(sampler, policy.tokenizer, problems, cfg, episodes=episodes))
     if samples > 0:
         result.update(evaluate_sampled(sampler, policy.tokenizer, problems, cfg, samples, episodes))

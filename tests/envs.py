@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 from rlft.episodes.env import Step
 
 
@@ -45,3 +48,27 @@ class JunkEnv:
 
     def step(self, reply: str):
         return {"done": True}
+
+
+class HangingEnv:
+    """Its second step never returns (a loop that ignores `except Exception`-style interruptions)."""
+
+    def __init__(self, problem):
+        self.turn = 0
+
+    def step(self, reply: str) -> Step:
+        self.turn += 1
+        while self.turn > 1:
+            try:
+                time.sleep(0.01)
+            except Exception:  # noqa: BLE001, S112  (what careless user code does)
+                continue
+        return Step(messages=[{"role": "user", "content": "go on"}])
+
+
+class ExitingEnv:
+    def __init__(self, problem):
+        pass
+
+    def step(self, reply: str) -> Step:
+        sys.exit(0)

@@ -136,12 +136,23 @@ def test_budget_ends_an_episode_truncated_before_it_overflows(tiny):
     assert all(eps.truncated) and max(eps.turns) < 10
 
 
-@pytest.mark.parametrize("env, words", [(envs.RaisingEnv, r"step\(\) raised KeyError"), (envs.JunkEnv, "returned dict")])
+@pytest.mark.parametrize("env, words", [
+    (envs.RaisingEnv, r"episode.env=x: step\(\) on the reply '.*' raised KeyError: 'no such room'"),
+    (envs.JunkEnv, "returned dict"),
+    (envs.ExitingEnv, r"step\(\) on the reply '.*' raised SystemExit: 0"),
+    (envs.HangingEnv, r"step\(\) on the reply '.*' ran past episode.env_timeout_s=0.5s"),
+])
 def test_an_environment_that_fails_is_one_error(tiny, env, words):
+    import signal
+    import time
+
     sampler, tok = tiny
+    start = time.monotonic()
     with pytest.raises(EnvError, match=words):
-        run_episodes(sampler, tok, [_prompt(tok)], _params(n=8, max_new_tokens=8), lambda i: env(None), Limits(2, 100),
-                     "episode.env=x")
+        run_episodes(sampler, tok, [_prompt(tok)], _params(n=8, max_new_tokens=8), lambda i: env(None),
+                     Limits(3, 100, env_timeout_s=0.5), "episode.env=x")
+    assert time.monotonic() - start < 30
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_step_defaults():
@@ -170,6 +181,7 @@ def test_grpo_trains_on_episodes_with_environment_tokens_out_of_the_loss(tmp_pat
     step = [m for m in metrics if m.get("step", 0) >= 1]
     assert all(1 <= m["episode/turns"] <= 2 and 0 < m["episode/policy_token_frac"] <= 1 for m in step)
     assert all(m["reward/env_reward"] >= 0.5 for m in step)
+    assert 1 <= metrics[-1]["eval/episode/turns"] <= 2 and 0 < metrics[-1]["eval/episode/policy_token_frac"] <= 1
     w = load_file(str(tmp_path / "run/checkpoints/step_000002/trainable.safetensors"))
     assert all(torch.isfinite(t).all() for t in w.values())
 
@@ -184,7 +196,7 @@ def test_ppo_trains_on_episodes(tmp_path, eos_model):
 
 def test_environment_errors_end_the_run_in_one_line(tmp_path, eos_model):
     proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:RaisingEnv", "hydra.run.dir=run"], tmp_path)
-    assert "step() raised KeyError" in one_error_line(proc, 1)
+    assert "raised KeyError: 'no such room'" in one_error_line(proc, 1)
     proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:Nope", "hydra.run.dir=run2"], tmp_path)
     assert "has no attribute 'Nope'" in one_error_line(proc, 2)
 
@@ -240,6 +252,31 @@ def test_a_run_with_tools_shows_them_and_logs_the_tool_metrics(tmp_path, eos_mod
     m = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()][-1]
     # the random model writes no call: one turn each, and the count says so
     assert m["episode/turns"] == 1.0 and m["episode/tool_calls"] == 0.0
+    assert m["eval/episode/turns"] == 1.0 and m["eval/episode/tool_calls"] == 0.0
+    assert m["eval/episode/policy_token_frac"] == 1.0  # one reply: no tool tokens
+
+
+def test_prompt_length_checks_count_the_tools_description(tiny, tmp_path, eos_model):
+    from rlft.data import build_task
+    from rlft.data.chat import drop_long_prompts, problem_ids
+    from rlft.episodes.setup import episode_setup, prompt_overhead
+    from rlft.errors import DataError
+
+    _, tok = tiny
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(6)))
+    cfg, _, _ = compose(BASE + ["model=local", f"model.path={eos_model}", "data=jsonl", f"data.path={data}",
+                                "data.num_eval=2", "tools=[calculator]"])
+    task, setup = build_task(cfg.data, 0), episode_setup(cfg)
+    extra = prompt_overhead(setup, tok, task, cfg.data)
+    p = task.eval_problems[0]
+    plain = len(problem_ids(tok, p, cfg.data))
+    assert extra == len(setup.prompt_ids(tok, p, cfg.data)) - plain and extra > 50
+    cfg.data.max_prompt_tokens = plain + extra
+    assert drop_long_prompts(task, tok, cfg.data, None, extra)[1:] == (0, 0)
+    cfg.data.max_prompt_tokens = plain + extra - 1
+    with pytest.raises(DataError, match="all 4 training prompts are longer"):
+        drop_long_prompts(task, tok, cfg.data, None, extra)
 
 
 @pytest.mark.slow

@@ -515,6 +515,10 @@ class EpisodeConfig:
     """Tokens of an episode after its prompt at most (the policy's and the environment's); a turn that
     would pass it ends the episode truncated (0: no total cap; each turn takes up to
     sampler.max_new_tokens, and episode.max_turns bound the episode)."""
+    env_timeout_s: float = knob(60.0, (HARMLESS, "a limit that, when it acts, ends the run"))
+    """Wall-clock limit of one call into episode.env (building an environment, or one step); past it the
+    run ends with one line naming the environment (0: no limit). Enforced with SIGALRM in the main
+    thread: a call blocked inside C code is stopped when it returns to Python."""
     tool_timeout_s: float = knob(10.0, EPISODES)
     """Wall-clock limit of one tool call; past it the call is stopped and the policy reads an error
     message instead of a result."""

@@ -81,11 +81,11 @@ def _messages(prompt: Prompt, system_prompt: str | None) -> list[dict[str, Any]]
 
 
 def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: DataConfig,
-                      engine_room: tuple[int, str] | None = None) -> tuple[Task, int, int]:
+                      engine_room: tuple[int, str] | None = None, overhead: int = 0) -> tuple[Task, int, int]:
     """The task without the problems whose prompt, as the model sees it (chat template and system prompt
-    included), is longer than ``data_cfg.max_prompt_tokens`` tokens (0: no limit) or than
-    ``engine_room`` (the sampler's room for a prompt and what sets it, see :func:`prompt_room`).
-    Also checks that every prompt renders (message prompts need a chat template).
+    included, plus ``overhead`` tokens: the tools' description), is longer than ``data_cfg.max_prompt_tokens``
+    tokens (0: no limit) or than ``engine_room`` (the sampler's room for a prompt and what sets it, see
+    :func:`prompt_room`). Also checks that every prompt renders (message prompts need a chat template).
 
     Returns:
         The task (the same object when nothing is dropped; ``task.dropped`` holds the counts and
@@ -107,10 +107,10 @@ def drop_long_prompts(task: Task, tokenizer: Any, data_cfg: DataConfig,
         if own > 0:
             raise DataError(f"data.max_prompt_tokens={own} filters data sets read from files (data=jsonl, hf, "
                             f"gsm8k); data={data_cfg.name} generates its prompts: set data.max_prompt_tokens=0")
-        _check_generated_fit(task, tokenizer, data_cfg, *limits[0])
+        _check_generated_fit(task, tokenizer, data_cfg, *limits[0], overhead)
         return task, 0, 0
     limit, why = min(limits)
-    lengths = _lengths(tokenizer, rows + task.eval_problems, data_cfg)
+    lengths = [n + overhead for n in _lengths(tokenizer, rows + task.eval_problems, data_cfg)]
     train_len, eval_len = lengths[: len(rows)], lengths[len(rows) :]
     kept = [p for p, n in zip(rows, train_len) if n <= limit]
     kept_eval = [p for p, n in zip(task.eval_problems, eval_len) if n <= limit]
@@ -136,11 +136,12 @@ def prompt_room(sampler_cfg: SamplerConfig) -> tuple[int, str] | None:
                          f"(prompts up to {total - new} tokens)")
 
 
-def _check_generated_fit(task: Task, tokenizer: Any, data_cfg: DataConfig, limit: int, why: str) -> None:
+def _check_generated_fit(task: Task, tokenizer: Any, data_cfg: DataConfig, limit: int, why: str,
+                         overhead: int) -> None:
     """A generated stream cannot be filtered: its held-out problems and first training batch stand for
     the rest (their prompts come from one template, so their lengths hardly vary)."""
     sample = task.eval_problems + task.batch(0, 32)
-    longest = max(_lengths(tokenizer, sample, data_cfg), default=0)
+    longest = max(_lengths(tokenizer, sample, data_cfg), default=0) + overhead
     if longest > limit:
         raise DataError(f"{why}: a data={data_cfg.name} prompt has {longest} tokens; raise "
                         "sampler.vllm.max_model_len (or shorten data.template / data.system_prompt)")

@@ -12,13 +12,16 @@ rollout's first turns uses, so episodes are reproducible and independent of how 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlft.episodes.env import Step
 from rlft.episodes.tokens import turn_suffix_ids
-from rlft.errors import EnvError
+from rlft.errors import EnvError, EnvOvertime
 from rlft.samplers import Generations, Sampler, SamplingParams
 from rlft.samplers.base import completion_seeds
 
@@ -31,6 +34,8 @@ class Limits:
     """Tokens after the prompt at most (the policy's and the environment's)."""
     max_context: int | None = None
     """The sampler's longest sequence, prompt included (vLLM's max_model_len; None: no limit)."""
+    env_timeout_s: float = 0.0
+    """Wall-clock limit of one call into the environment (0: none)."""
 
 
 @dataclass
@@ -95,7 +100,7 @@ def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], par
     texts = tokenizer.batch_decode(first.completion_ids, skip_special_tokens=True)
     episodes = []
     for i, p in enumerate(first.prompt_index):
-        ep = _Episode(prompts[p], _build(make_env, p, env_name))
+        ep = _Episode(prompts[p], _build(make_env, p, env_name, limits.env_timeout_s))
         ep.add_turn(first.completion_ids[i], first.logprobs[i] if first.logprobs else None, first.truncated[i], texts[i])
         episodes.append(ep)
     events: dict[str, int] = {}
@@ -117,11 +122,32 @@ def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], par
                     [e.turns for e in episodes], [e.transcript for e in episodes], [e.reward for e in episodes], events)
 
 
-def _build(make_env: Callable[[int], Any], prompt_index: int, env_name: str) -> Any:
+@contextmanager
+def _user_call(env_name: str, what: str, timeout_s: float) -> Iterator[None]:
+    """Run user environment code: what it raises (SystemExit too), or running past ``timeout_s``
+    (SIGALRM, main thread only), becomes one EnvError naming the environment and ``what`` it did."""
+    timed = timeout_s > 0 and threading.current_thread() is threading.main_thread()
+    if timed:
+        def fire(signum: int, frame: Any) -> None:
+            raise EnvOvertime
+
+        previous = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
+        yield
+    except EnvOvertime:
+        raise EnvError(f"{env_name}: {what} ran past episode.env_timeout_s={timeout_s:g}s") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (user code)
+        raise EnvError(f"{env_name}: {what} raised {type(e).__name__}: {e}") from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def _build(make_env: Callable[[int], Any], prompt_index: int, env_name: str, timeout_s: float) -> Any:
+    with _user_call(env_name, "building it", timeout_s):
         return make_env(prompt_index)
-    except Exception as e:  # noqa: BLE001  (user code)
-        raise EnvError(f"{env_name}: building it raised {type(e).__name__}: {e}") from None
 
 
 def _advance(ep: _Episode, tokenizer: Any, limits: Limits, params: SamplingParams, env_name: str,
@@ -130,7 +156,7 @@ def _advance(ep: _Episode, tokenizer: Any, limits: Limits, params: SamplingParam
     if ep.cut:  # cut mid-reply: the environment is not shown a partial turn
         ep.truncated = True
         return False
-    step = _step(ep, env_name)
+    step = _step(ep, env_name, limits.env_timeout_s)
     for name, count in step.events.items():
         events[name] = events.get(name, 0) + count
     if step.reward is not None:
@@ -149,12 +175,10 @@ def _advance(ep: _Episode, tokenizer: Any, limits: Limits, params: SamplingParam
     return True
 
 
-def _step(ep: _Episode, env_name: str) -> Step:
+def _step(ep: _Episode, env_name: str, timeout_s: float) -> Step:
     reply = ep.transcript[-1]["content"]
-    try:
+    with _user_call(env_name, f"step() on the reply {reply[:60]!r}", timeout_s):
         step = ep.env.step(reply)
-    except Exception as e:  # noqa: BLE001  (user code)
-        raise EnvError(f"{env_name}: step() raised {type(e).__name__}: {e} (on the reply {reply[:60]!r})") from None
     if not isinstance(step, Step):
         raise EnvError(f"{env_name}: step() returned {type(step).__name__}, not rlft.episodes.env.Step")
     return step

@@ -4,6 +4,7 @@ of each episode, the limits, and how the first prompt shows the tools to the pol
 from __future__ import annotations
 
 import atexit
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from rlft.tools.spec import Tool, load_tools
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config, DataConfig
-    from rlft.data import Problem
+    from rlft.data import Problem, Task
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,15 @@ class EpisodeSetup:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def prompt_overhead(episodes: EpisodeSetup | None, tokenizer: Any, task: Task, data_cfg: DataConfig) -> int:
+    """Tokens the tools' description adds to a prompt (the same text for every problem; 0 without tools),
+    for the prompt-length checks (rlft.data.chat.drop_long_prompts)."""
+    if episodes is None or not episodes.tools:
+        return 0
+    problem = (task.eval_problems or task.batch(0, 1))[0]
+    return len(episodes.prompt_ids(tokenizer, problem, data_cfg)) - len(problem_ids(tokenizer, problem, data_cfg))
+
+
 def episode_setup(cfg: Config) -> EpisodeSetup | None:
     """The run's episodes; None when each episode is one reply (no ``episode.env``, no ``tools``)."""
     e = cfg.episode
@@ -66,7 +76,8 @@ def episode_setup(cfg: Config) -> EpisodeSetup | None:
     limits = Limits(e.max_turns, e.max_tokens or 2**62,
                     cfg.sampler.vllm.max_model_len if resolve_sampler_name(cfg.sampler.name) == "vllm" else None)
     if e.env:
-        return EpisodeSetup(load_env(e.env), f"episode.env={e.env}", limits)
+        return EpisodeSetup(load_env(e.env), f"episode.env={e.env}", dataclasses.replace(limits, env_timeout_s=e.env_timeout_s))
+    # The tools bound their own calls (episode.tool_timeout_s each), so their environment has no limit.
     tools = load_tools(cfg.tools, e)
     runner = ToolRunner(tools, e)
     atexit.register(runner.close)

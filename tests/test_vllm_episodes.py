@@ -1,0 +1,104 @@
+"""Multi-turn episodes sampled by the real vLLM engine: each later turn continues from the exact
+token ids, and the sampler's log-probs of the policy's tokens match the learner's on every turn."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlft.config.validation import vllm_available
+from tests.support import ROOT, TINY, dist_env, write_eos_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")]
+
+# One engine per process (vLLM's globals), so the episodes run in a child process that prints
+# what the test checks: per episode, its ids, policy mask, turns, the sampler's log-probs and the
+# learner's; and for every later turn, a fresh generate from that turn's exact context and seed.
+PROBE = """
+import json, sys
+import torch
+from rlft.batch import RolloutBatch, pack
+from rlft.config import compose
+from rlft.episodes.run import Limits, run_episodes
+from rlft.logprobs import token_logprobs
+from rlft.models import build_policy
+from rlft.samplers import SamplingParams, build_sampler
+from tests import envs
+
+cfg, _, _ = compose(json.loads(sys.argv[1]))
+policy, copy = build_policy(cfg.model, 0, need_reference=False)
+tok = policy.tokenizer
+sampler = build_sampler(cfg.sampler, cfg.model, copy, tok, 0)
+prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+               add_special_tokens=False)["input_ids"] for q in ("What is 2 + 3?", "Name a colour.")]
+params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0, prompt_seeds=(11000, 12000))
+eps = run_episodes(sampler, tok, prompts, params, lambda i: envs.EchoEnv(None), Limits(3, 200))
+ids, start, length, mask = pack([prompts[i] for i in eps.prompt_index], eps.completion_ids, tok.pad_token_id)
+n = len(eps.completion_ids)
+batch = RolloutBatch(ids, start, length, mask, torch.zeros(n), torch.zeros(n), torch.zeros(n, dtype=torch.bool))
+with torch.no_grad(), policy.autocast():
+    learner, _ = token_logprobs(policy.model, batch, cfg.sampler.temperature)
+replays = []
+for k in range(n):
+    c, m, seed = eps.completion_ids[k], eps.policy_mask[k], params.prompt_seeds[eps.prompt_index[k]] + k % 4
+    turn, pos = 1, m.index(0) if 0 in m else len(m)
+    while pos < len(c):
+        begin = pos + m[pos:].index(1)
+        end = begin + (m[begin:].index(0) if 0 in m[begin:] else len(m) - begin)
+        again = sampler.generate([prompts[eps.prompt_index[k]] + c[:begin]], SamplingParams(
+            n=1, max_new_tokens=end - begin, temperature=1.0, prompt_seeds=(seed ^ (turn << 40),))).completion_ids[0]
+        replays.append([k, begin, end, again])
+        turn, pos = turn + 1, end
+print("EPISODES", json.dumps({"ids": eps.completion_ids, "mask": eps.policy_mask, "turns": eps.turns,
+                              "sampler": eps.logprobs, "learner": learner.tolist(), "replays": replays}))
+"""
+
+
+@pytest.fixture(scope="module")
+def episodes(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eos") / "model"
+    write_eos_model(path, eos_logit=14.0)
+    overrides = [a for a in TINY if not a.startswith(("model=", "sampler="))] + [
+        "model=local", f"model.path={path}", "model.dtype=fp32", "sampler=vllm", "sampler.vllm.kv_cache_gb=0.25",
+        "sampler.vllm.max_model_len=256", "sampler.vllm.sync=merged"]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(overrides)], cwd=ROOT, env=dist_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("EPISODES "))
+    return json.loads(line[len("EPISODES "):])
+
+
+def _turns(mask: list[int]) -> list[tuple[int, int]]:
+    """(begin, end) of each run of the policy's tokens."""
+    runs, begin = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and begin is None:
+            begin = i
+        elif not m and begin is not None:
+            runs.append((begin, i))
+            begin = None
+    return runs
+
+
+def test_vllm_episodes_continue_from_their_exact_ids(episodes):
+    assert max(episodes["turns"]) == 3 and len(episodes["replays"]) >= 4
+    for k, begin, end, again in episodes["replays"]:
+        # the same seed on the same context gives this turn's tokens (capped where the episode's budget cut it)
+        assert episodes["ids"][k][begin:end] == again[: end - begin], (k, begin)
+
+
+def test_vllm_logprobs_match_the_learner_on_every_turn(episodes):
+    gaps: dict[int, list[float]] = {}
+    for k, mask in enumerate(episodes["mask"]):
+        sampler, learner = episodes["sampler"][k], episodes["learner"][k]
+        assert all(sampler[i] == 0.0 for i, m in enumerate(mask) if not m)  # the environment's tokens
+        for turn, (begin, end) in enumerate(_turns(mask), start=1):
+            gaps.setdefault(turn, []).extend(abs(sampler[i] - learner[i]) for i in range(begin, end))
+    assert set(gaps) == {1, 2, 3}
+    # fp32 on both sides: as close on the third turn (after ~40 tokens of context) as on the first
+    first = max(gaps[1])
+    for turn, g in gaps.items():
+        assert max(g) < 2e-3 and sum(g) / len(g) < max(4 * sum(gaps[1]) / len(gaps[1]), 2e-4), (turn, max(g), first)
