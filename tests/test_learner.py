@@ -184,10 +184,43 @@ def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
     loss, m = _policy_loss(policy, batch, algo, STATE, 1.0, norm)
     weight = torch.exp(shift).clamp(max=2.0)[None, :].expand_as(mask)
     want_mean = float((weight * mask).sum() / mask.sum())
-    assert float(m["rollout/tis_weight_mean"]) == pytest.approx(want_mean, abs=1e-5)
+    assert float(m["rollout/is_weight_mean"]) == pytest.approx(want_mean, abs=1e-5)
     assert float(m["rollout/logp_abs_diff_max"]) == pytest.approx(float((shift.abs()[None, :] * mask).max()), abs=1e-5)
     # At the rollout policy the ratio is 1, so the clipped loss of a token is -A, times its weight.
     want_loss = float((-batch.advantages * weight * mask).sum() / mask.sum())
-    assert float(loss) == pytest.approx(want_loss, abs=1e-4)
+    assert float(loss.detach()) == pytest.approx(want_loss, abs=1e-4)
     plain, _ = _policy_loss(policy, batch, dataclasses.replace(algo, tis_cap=0.0), STATE, 1.0, norm)
     assert float(plain) != pytest.approx(want_loss, abs=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["seq_mask", "token_mask", "seq_tis"])
+def test_rollout_corrections_weight_the_policy_loss(tiny, mode):
+    """The mode's weight multiplies the policy-gradient term (not the KL term) and its metrics are logged."""
+    import dataclasses
+
+    from rlft.algorithms import ROLLOUT_CORRECTIONS
+
+    cfg, policy = tiny
+    _, _, batch = _batch(n_rows=4, seed=7)
+    mask = batch.response_mask
+    batch.advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    with torch.no_grad():
+        batch.old_logp, _ = token_logprobs(policy.model, batch, 1.0)
+        with policy.reference() as ref:
+            batch.ref_logp, _ = token_logprobs(ref, batch, 1.0)
+    shift = torch.tensor([0.3, -0.6, 1.1, 0.0, -0.2])[: mask.shape[1]]
+    batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask
+    algo = dataclasses.replace(cfg.algo, rollout_correction=mode, rollout_is_low=0.6, rollout_is_high=1.6,
+                               beta=0.04, loss_agg="token-mean")
+    norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
+    loss, m = _policy_loss(policy, batch, algo, STATE, 1.0, norm)
+    weight, want_m = ROLLOUT_CORRECTIONS.get(mode)(batch.old_logp, batch.sampler_logp, mask, 0.6, 1.6)
+    assert 0 < float((weight == 0).float().mul(mask).sum() + (weight == 1.6).float().mul(mask).sum())
+    for k, v in want_m.items():
+        assert float(m[k]) == pytest.approx(float(v), abs=1e-6), k
+    # At the rollout policy the ratio is 1 and the k3 KL is computed against the reference.
+    logp, _ = token_logprobs(policy.model, batch, 1.0)
+    d = batch.ref_logp - logp.detach()
+    kl = torch.exp(d) - d - 1
+    want_loss = float(((-batch.advantages * weight + 0.04 * kl) * mask).sum() / mask.sum())
+    assert float(loss) == pytest.approx(want_loss, abs=1e-4)
