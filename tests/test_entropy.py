@@ -12,7 +12,12 @@ from rlft.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, LossNorm, masked_m
 from rlft.config.schemas import AlgoConfig
 from rlft.learner import _policy_loss
 from rlft.logprobs import _TokenLogProbs, token_logprobs
-from tests.test_learner import STATE, _batch, tiny  # noqa: F401  (tiny: a fixture)
+from tests.test_learner import STATE, _batch, tiny_fp32_policy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_fp32_policy()
 
 
 @pytest.mark.parametrize("temperature,chunk", [(0.7, 3), (1.3, 4), (1.0, 100)])

@@ -20,6 +20,11 @@ STATE = SimpleNamespace(penalty_beta=1.0)  # the coefficients adapted in trainin
 
 @pytest.fixture(scope="module")
 def tiny():
+    return tiny_fp32_policy()
+
+
+def tiny_fp32_policy():
+    """The tiny model in fp32 with a non-trivial adapter, and its config."""
     cfg, _, _ = compose(TINY + ["model.dtype=fp32"])
     policy, _ = build_policy(cfg.model, 0, need_reference=True)
     with torch.no_grad():  # a non-trivial adapter
