@@ -172,18 +172,26 @@ def test_shared_prompt_pass_equals_full_forward_with_gradients(tiny):
     assert any(a.abs().max() > 0 for a in grads_shared)
 
 
-def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
-    """weight = min(exp(old - sampler), cap) per token, multiplying the policy-gradient loss."""
-    import dataclasses
-
-    cfg, policy = tiny
+def _mismatched_batch(policy, shifts):
+    """A batch with random advantages, the policy's log-probs as old_logp, and sampler log-probs such that
+    old - sampler = shifts[t] at column t of every row."""
     _, _, batch = _batch(n_rows=4, seed=7)
     mask = batch.response_mask
     batch.advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
     with torch.no_grad():
         batch.old_logp, _ = token_logprobs(policy.model, batch, 1.0)
-    shift = torch.tensor([0.5, -0.3, 1.2, 0.0, -2.0])[: mask.shape[1]]
-    batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask  # old - sampler = shift on each token
+    shift = torch.tensor(shifts)[: mask.shape[1]]
+    batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask
+    return batch, shift
+
+
+def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
+    """weight = min(exp(old - sampler), cap) per token, multiplying the policy-gradient loss."""
+    import dataclasses
+
+    cfg, policy = tiny
+    batch, shift = _mismatched_batch(policy, [0.5, -0.3, 1.2, 0.0, -2.0])
+    mask = batch.response_mask
     algo = dataclasses.replace(cfg.algo, tis_cap=2.0, beta=0.0, loss_agg="token-mean")
     norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
     loss, m = _policy_loss(policy, batch, algo, STATE, 1.0, norm)
@@ -206,15 +214,10 @@ def test_rollout_corrections_weight_the_policy_loss(tiny, mode):
     from rlft.algorithms import ROLLOUT_CORRECTIONS
 
     cfg, policy = tiny
-    _, _, batch = _batch(n_rows=4, seed=7)
+    batch, _ = _mismatched_batch(policy, [0.3, -0.6, 1.1, 0.0, -0.2])
     mask = batch.response_mask
-    batch.advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
-    with torch.no_grad():
-        batch.old_logp, _ = token_logprobs(policy.model, batch, 1.0)
-        with policy.reference() as ref:
-            batch.ref_logp, _ = token_logprobs(ref, batch, 1.0)
-    shift = torch.tensor([0.3, -0.6, 1.1, 0.0, -0.2])[: mask.shape[1]]
-    batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask
+    with torch.no_grad(), policy.reference() as ref:
+        batch.ref_logp, _ = token_logprobs(ref, batch, 1.0)
     algo = dataclasses.replace(cfg.algo, rollout_correction=mode, rollout_is_low=0.6, rollout_is_high=1.6,
                                beta=0.04, loss_agg="token-mean")
     norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
