@@ -15,14 +15,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from rlft.algorithms import (
-    KL_ESTIMATORS,
-    LOSS_AGGREGATIONS,
-    POLICY_LOSSES,
-    ROLLOUT_CORRECTIONS,
-    LossNorm,
-    masked_mean,
-)
+from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, LossNorm, masked_mean
 from rlft.algorithms.losses import clipped_value_loss
 from rlft.batch import RolloutBatch
 from rlft.distributed import SINGLE, DataParallel
