@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, LossNorm, masked_mean
+from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, LossNorm, masked_mean
 from rlft.algorithms.losses import clipped_value_loss
 from rlft.batch import RolloutBatch
 from rlft.distributed import SINGLE, DataParallel
@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 def _policy_loss(
     policy: Policy, sub: RolloutBatch, algo: AlgoConfig, state: AlgoState, temperature: float, norm: LossNorm
 ) -> tuple[Tensor, dict[str, Tensor]]:
+    bonus = algo.entropy_coef > 0
     with policy.autocast():
-        logp, entropy = token_logprobs(policy.model, sub, temperature)
+        logp, entropy = token_logprobs(policy.model, sub, temperature, entropy_grad=bonus)
     mask = sub.response_mask
     old = sub.old_logp if sub.old_logp is not None else logp.detach()
     pg, metrics = POLICY_LOSSES.get(algo.policy_loss)(logp, old, sub.advantages, mask, algo, state)
@@ -43,20 +44,23 @@ def _policy_loss(
         diff = (old - sub.sampler_logp).abs() * mask
         metrics["rollout/logp_abs_diff_mean"] = masked_mean(diff, mask)
         metrics["rollout/logp_abs_diff_max"] = diff.max()
-        if algo.tis_cap > 0:
-            weight = torch.exp(old - sub.sampler_logp).clamp(max=algo.tis_cap).detach()
+        mode, low, high = algo.correction
+        if mode != "none":
+            weight, is_metrics = ROLLOUT_CORRECTIONS.get(mode)(old.detach(), sub.sampler_logp, mask, low, high)
             pg = pg * weight
-            metrics["rollout/tis_weight_mean"] = masked_mean(weight, mask)
+            metrics.update(is_metrics)
     per_token = pg
     if algo.beta > 0 and sub.ref_logp is not None:
         kl = KL_ESTIMATORS.get(algo.kl_estimator)(logp, sub.ref_logp)
         per_token = pg + algo.beta * kl
         metrics["kl"] = masked_mean(kl.detach(), mask)
+    if bonus:  # aggregation is linear: the same as subtracting coef x the aggregated entropy
+        per_token = per_token - algo.entropy_coef * entropy
     loss = LOSS_AGGREGATIONS.get(algo.loss_agg)(per_token, mask, norm)
     with torch.no_grad():
         # k3 estimate of KL(old || new) on the sampled tokens, for monitoring and early stopping.
         metrics["approx_kl"] = masked_mean(KL_ESTIMATORS.get("k3")(old, logp.detach()), mask)
-        metrics["entropy"] = masked_mean(entropy, mask)
+        metrics["entropy"] = masked_mean(entropy.detach(), mask)
         metrics["pg_loss"] = masked_mean(pg.detach(), mask)
     return loss, metrics
 

@@ -111,12 +111,14 @@ class _TokenLogProbs(torch.autograd.Function):
     Only the (N, H) hidden states and the (N,) log-normalizers are kept for backward, which
     recomputes one chunk of logits at a time and forms the gradient by hand:
     d logp / d logits = (onehot(target) - softmax) / temperature. The entropy is computed once,
-    in forward (it carries no gradient).
+    in forward; it carries a gradient only with ``entropy_grad`` (the entropy bonus), in the same
+    chunked backward: with p = softmax(z / T) and H = -sum p log p,
+    dH / dz_j = -p_j (log p_j + H) / T.
     """
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float,
-                chunk: int) -> tuple[Tensor, Tensor]:
+                chunk: int, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
         n, dev = hidden.shape[0], hidden.device
         logp = torch.empty(n, dtype=torch.float32, device=dev)
         entropy = torch.empty(n, dtype=torch.float32, device=dev)
@@ -134,29 +136,46 @@ class _TokenLogProbs(torch.autograd.Function):
             lse[s : s + chunk] = top.squeeze(-1) + log_total
             logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - log_total
             entropy[s : s + chunk] = log_total - torch.bmm(e[:, None, :], z[:, :, None]).view(-1) / total
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
+        if entropy_grad:
+            ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        else:
+            ctx.save_for_backward(hidden, weight, targets, lse)
+            ctx.mark_non_differentiable(entropy)
+        ctx.temperature, ctx.chunk, ctx.entropy_grad = temperature, chunk, entropy_grad
         return logp, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
+        hidden, weight, targets, lse = ctx.saved_tensors[:4]
+        entropy = ctx.saved_tensors[4] if ctx.entropy_grad and grad_entropy is not None else None
         t, chunk = ctx.temperature, ctx.chunk
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
         rows = torch.arange(min(chunk, hidden.shape[0]), device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
             h, g = hidden[s : s + chunk], grad_logp[s : s + chunk].float()
-            probs = _logits(h, weight, t).sub_(lse[s : s + chunk, None]).exp_()
-            grad_logits = probs.mul_(-g[:, None] / t)
+            if entropy is None:
+                probs = _logits(h, weight, t).sub_(lse[s : s + chunk, None]).exp_()
+                grad_logits = probs.mul_(-g[:, None] / t)
+            else:
+                grad_logits = _entropy_grad_logits(_logits(h, weight, t).sub_(lse[s : s + chunk, None]), g,
+                                                   grad_entropy[s : s + chunk].float(), entropy[s : s + chunk], t)
             grad_logits[rows[: len(g)], targets[s : s + chunk]] += g / t
             grad_logits = grad_logits.to(hidden.dtype)
             if grad_h is not None:
                 grad_h[s : s + chunk] = grad_logits @ weight
             if grad_w is not None:
                 grad_w += (grad_logits.t() @ h).float()
-        return grad_h, grad_w.to(weight.dtype) if grad_w is not None else None, None, None, None
+        return grad_h, grad_w.to(weight.dtype) if grad_w is not None else None, None, None, None, None
+
+
+def _entropy_grad_logits(logq: Tensor, g: Tensor, g_ent: Tensor, entropy: Tensor, t: float) -> Tensor:
+    """The gradient of one chunk over the logits, but the target's one-hot term: from the log-probs,
+    -g p / T, and from the entropy, -g_H p (log p + H) / T. ``logq`` (chunk, V), the log-softmax, is
+    consumed."""
+    probs = logq.exp()
+    logq.add_(entropy[:, None]).mul_(probs).mul_(-g_ent[:, None] / t)  # dH/dz, times the entropy's upstream
+    return logq.sub_(probs.mul_(g[:, None] / t))
 
 
 def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
@@ -165,7 +184,7 @@ def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
 
 
 def token_logprobs(
-    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 128
+    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 128, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Log-probs (and entropies) of each row's completion tokens under ``model``.
 
@@ -177,10 +196,11 @@ def token_logprobs(
         batch: See :func:`response_hidden`.
         temperature: Sampling temperature; logits are divided by it.
         chunk_tokens: Positions per logits chunk.
+        entropy_grad: Give the entropy a gradient too (the entropy bonus), in the same chunked backward.
 
     Returns:
-        ``logp`` (B, T), with gradient when enabled, and detached ``entropy`` (B, T); both are
-        0 where the response mask is 0.
+        ``logp`` (B, T), with gradient when enabled, and ``entropy`` (B, T) of the distribution at
+        ``temperature``, detached unless ``entropy_grad``; both are 0 where the response mask is 0.
     """
     h, targets = response_hidden(model, batch)
     b, t_len, width = h.shape
@@ -191,7 +211,8 @@ def token_logprobs(
         raise NotImplementedError("LM heads with a bias are not supported")
     kind = h.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
-    logp, entropy = _TokenLogProbs.apply(h.to(dtype), head.weight.to(dtype), targets, temperature, chunk_tokens)
+    logp, entropy = _TokenLogProbs.apply(h.to(dtype), head.weight.to(dtype), targets, temperature, chunk_tokens,
+                                         entropy_grad)
     out_logp = torch.zeros(b * t_len, dtype=torch.float32, device=h.device).index_put((valid,), logp)
     out_ent = torch.zeros(b * t_len, dtype=torch.float32, device=h.device).index_put((valid,), entropy)
     return out_logp.view(b, t_len), out_ent.view(b, t_len)

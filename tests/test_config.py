@@ -91,8 +91,8 @@ def test_cli_cfg_prints_resolved_config(tmp_path):
     "overrides, expected",
     [
         (["sampler=hf", "algo.tis_cap=2"], "only sampler=vllm reports (this run samples with hf)"),
-        (["sampler=vllm", "algo.tis_cap=2", "sampler.top_p=0.9"], "algo.tis_cap needs untruncated sampling"),
-        (["sampler=vllm", "algo.tis_cap=2", "sampler.top_k=20"], "algo.tis_cap needs untruncated sampling"),
+        (["sampler=vllm", "algo.tis_cap=2", "sampler.top_p=0.9"], "algo.tis_cap=2.0 needs untruncated sampling"),
+        (["sampler=vllm", "algo.tis_cap=2", "sampler.top_k=20"], "algo.tis_cap=2.0 needs untruncated sampling"),
         (["model.lora.target_modules=[q_proj,lm_head]"], "lm_head cannot carry an adapter"),
         (["model=tiny", "model.path=/some/dir"], "model.path=/some/dir is read only by model.source=path"),
         (["data.num_eval=-1"], "data.num_eval=-1 must be >= 0"),

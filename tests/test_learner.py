@@ -20,6 +20,11 @@ STATE = SimpleNamespace(penalty_beta=1.0)  # the coefficients adapted in trainin
 
 @pytest.fixture(scope="module")
 def tiny():
+    return tiny_fp32_policy()
+
+
+def tiny_fp32_policy():
+    """The tiny model in fp32 with a non-trivial adapter, and its config."""
     cfg, _, _ = compose(TINY + ["model.dtype=fp32"])
     policy, _ = build_policy(cfg.model, 0, need_reference=True)
     with torch.no_grad():  # a non-trivial adapter
@@ -167,27 +172,63 @@ def test_shared_prompt_pass_equals_full_forward_with_gradients(tiny):
     assert any(a.abs().max() > 0 for a in grads_shared)
 
 
-def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
-    """weight = min(exp(old - sampler), cap) per token, multiplying the policy-gradient loss."""
-    import dataclasses
-
-    cfg, policy = tiny
+def _mismatched_batch(policy, shifts):
+    """A batch with random advantages, the policy's log-probs as old_logp, and sampler log-probs such that
+    old - sampler = shifts[t] at column t of every row."""
     _, _, batch = _batch(n_rows=4, seed=7)
     mask = batch.response_mask
     batch.advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
     with torch.no_grad():
         batch.old_logp, _ = token_logprobs(policy.model, batch, 1.0)
-    shift = torch.tensor([0.5, -0.3, 1.2, 0.0, -2.0])[: mask.shape[1]]
-    batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask  # old - sampler = shift on each token
+    shift = torch.tensor(shifts)[: mask.shape[1]]
+    batch.sampler_logp = (batch.old_logp - shift[None, :]) * mask
+    return batch, shift
+
+
+def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
+    """weight = min(exp(old - sampler), cap) per token, multiplying the policy-gradient loss."""
+    import dataclasses
+
+    cfg, policy = tiny
+    batch, shift = _mismatched_batch(policy, [0.5, -0.3, 1.2, 0.0, -2.0])
+    mask = batch.response_mask
     algo = dataclasses.replace(cfg.algo, tis_cap=2.0, beta=0.0, loss_agg="token-mean")
     norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
     loss, m = _policy_loss(policy, batch, algo, STATE, 1.0, norm)
     weight = torch.exp(shift).clamp(max=2.0)[None, :].expand_as(mask)
     want_mean = float((weight * mask).sum() / mask.sum())
-    assert float(m["rollout/tis_weight_mean"]) == pytest.approx(want_mean, abs=1e-5)
+    assert float(m["rollout/is_weight_mean"]) == pytest.approx(want_mean, abs=1e-5)
     assert float(m["rollout/logp_abs_diff_max"]) == pytest.approx(float((shift.abs()[None, :] * mask).max()), abs=1e-5)
     # At the rollout policy the ratio is 1, so the clipped loss of a token is -A, times its weight.
     want_loss = float((-batch.advantages * weight * mask).sum() / mask.sum())
-    assert float(loss) == pytest.approx(want_loss, abs=1e-4)
+    assert float(loss.detach()) == pytest.approx(want_loss, abs=1e-4)
     plain, _ = _policy_loss(policy, batch, dataclasses.replace(algo, tis_cap=0.0), STATE, 1.0, norm)
     assert float(plain) != pytest.approx(want_loss, abs=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["seq_mask", "token_mask", "seq_tis"])
+def test_rollout_corrections_weight_the_policy_loss(tiny, mode):
+    """The mode's weight multiplies the policy-gradient term (not the KL term) and its metrics are logged."""
+    import dataclasses
+
+    from rlft.algorithms import ROLLOUT_CORRECTIONS
+
+    cfg, policy = tiny
+    batch, _ = _mismatched_batch(policy, [0.3, -0.6, 1.1, 0.0, -0.2])
+    mask = batch.response_mask
+    with torch.no_grad(), policy.reference() as ref:
+        batch.ref_logp, _ = token_logprobs(ref, batch, 1.0)
+    algo = dataclasses.replace(cfg.algo, rollout_correction=mode, rollout_is_low=0.6, rollout_is_high=1.6,
+                               beta=0.04, loss_agg="token-mean")
+    norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
+    loss, m = _policy_loss(policy, batch, algo, STATE, 1.0, norm)
+    weight, want_m = ROLLOUT_CORRECTIONS.get(mode)(batch.old_logp, batch.sampler_logp, mask, 0.6, 1.6)
+    assert 0 < float((weight == 0).float().mul(mask).sum() + (weight == 1.6).float().mul(mask).sum())
+    for k, v in want_m.items():
+        assert float(m[k]) == pytest.approx(float(v), abs=1e-6), k
+    # At the rollout policy the ratio is 1 and the k3 KL is computed against the reference.
+    logp, _ = token_logprobs(policy.model, batch, 1.0)
+    d = batch.ref_logp - logp.detach()
+    kl = torch.exp(d) - d - 1
+    want_loss = float(((-batch.advantages * weight + 0.04 * kl) * mask).sum() / mask.sum())
+    assert float(loss) == pytest.approx(want_loss, abs=1e-4)

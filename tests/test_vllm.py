@@ -126,7 +126,7 @@ def test_training_with_vllm_sampler(tmp_path, algo, sync):
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
         for k in ("loss", "reward/mean", "rollout/logp_abs_diff_mean", "rollout/logp_abs_diff_max",
-                  "rollout/tis_weight_mean", "time/sync_s"):
+                  "rollout/is_weight_mean", "time/sync_s"):
             assert math.isfinite(r[k]), k
         assert r["rollout/logp_abs_diff_mean"] < 0.05
 

@@ -7,6 +7,7 @@ by name, so a preset in conf/algo/ picks it with a string.
 from rlft.algorithms import reinforce  # noqa: F401  (registers rloo, reinforce_pp, reinforce_pp_baseline)
 from rlft.algorithms.advantages import ADV_ESTIMATORS, AdvantageInputs
 from rlft.algorithms.aggregation import LOSS_AGGREGATIONS, LossNorm
+from rlft.algorithms.correction import ROLLOUT_CORRECTIONS
 from rlft.algorithms.kl import KL_ESTIMATORS
 from rlft.algorithms.losses import POLICY_LOSSES
 from rlft.algorithms.masked import masked_mean, masked_sum
@@ -20,6 +21,7 @@ __all__ = [
     "LossNorm",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
+    "ROLLOUT_CORRECTIONS",
     "bradley_terry_loss",
     "masked_mean",
     "masked_sum",

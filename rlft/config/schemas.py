@@ -132,9 +132,28 @@ class AlgoConfig:
     """DAPO: L_cache, the length band before L_max where the punishment ramps from 0 to -1."""
     overlong_penalty_factor: float = knob(1.0, ALGORITHM, section=DAPO)
     """DAPO: weight of the overlong punishment in the reward."""
+    rollout_correction: str = knob("none", ALGORITHM, section=MISMATCH)
+    """Correction for the sampler's numerics from rho = exp(logp_learner_old - logp_sampler), a detached weight
+    on each token's policy loss: none, token_tis / seq_tis (rho per token / its product per sequence, clamped
+    to [rollout_is_low, rollout_is_high]), token_mask (IcePop) / seq_mask (TRL's sequence_mask): rho where it
+    lies in that band, else 0. Needs a sampler that reports log-probs (vllm) and untruncated sampling."""
+    rollout_is_low: float = knob(0.0, ALGORITHM, section=MISMATCH)
+    """Lower end of rollout_correction's band (0: no lower bound; IcePop uses 0.5)."""
+    rollout_is_high: float = knob(2.0, ALGORITHM, section=MISMATCH)
+    """Upper end of rollout_correction's band (verl's rollout_is_threshold 2.0; TRL's clip_max 3.0; IcePop 5)."""
     tis_cap: float = knob(0.0, ALGORITHM, section=MISMATCH)
-    """Truncated importance sampling: weight each token's loss by min(exp(logp_learner - logp_sampler), cap)
-    to correct for the sampler's numerics (needs a sampler that reports log-probs, e.g. vllm; 0: off)."""
+    """Shorthand kept from earlier versions: tis_cap=C > 0 is rollout_correction=token_tis with the band [0, C],
+    i.e. each token's loss weighted by min(exp(logp_learner - logp_sampler), C) (0: off)."""
+    entropy_coef: float = knob(0.0, ALGORITHM, section=POLICY_LOSS)
+    """Entropy bonus: coef x the policy's token entropy (at the sampling temperature, aggregated as the policy
+    loss) is subtracted from the loss; its gradient is computed chunk by chunk (0: off, no extra work)."""
+
+    @property
+    def correction(self) -> tuple[str, float, float]:
+        """``(mode, low, high)`` of the sampler-mismatch correction, ``tis_cap`` resolved."""
+        if self.tis_cap > 0:
+            return "token_tis", 0.0, self.tis_cap
+        return self.rollout_correction, self.rollout_is_low, self.rollout_is_high
 
     @property
     def uses_critic(self) -> bool:
@@ -176,8 +195,8 @@ class AlgoConfig:
     @property
     def learns_from_zero_advantages(self) -> bool:
         """A loss term that is not 0 where every advantage is: the KL to the reference, PPO-Penalty's
-        pull back to the old policy, or the value loss."""
-        return self.uses_critic or self.beta > 0 or self.uses_ppo_penalty
+        pull back to the old policy, the value loss, or the entropy bonus."""
+        return self.uses_critic or self.beta > 0 or self.uses_ppo_penalty or self.entropy_coef > 0
 
 
 @dataclass

@@ -55,6 +55,7 @@ def validate(cfg: Config) -> None:
     if a.clip_eps_low < 0 or a.clip_eps_high < 0 or (a.clip_eps_low >= 1 and a.policy_loss not in ("cispo", "gmpo")):
         raise ConfigError("algo.clip_eps_low must be in [0, 1) and algo.clip_eps_high >= 0")
     _check_gmpo(a)
+    _check_rollout_correction(a)
     if a.beta < 0:
         raise ConfigError(f"algo.beta={a.beta} must be >= 0")
     _check_single_pass(a)
@@ -288,17 +289,46 @@ def check_fused_targets(target_modules: list[str]) -> str | None:
     return None
 
 
+def _check_rollout_correction(a: AlgoConfig) -> None:
+    from rlft.algorithms import ROLLOUT_CORRECTIONS
+
+    if a.rollout_correction != "none" and a.rollout_correction not in ROLLOUT_CORRECTIONS:
+        raise ConfigError(f"algo.rollout_correction='{a.rollout_correction}'; valid choices: none, "
+                          f"{', '.join(ROLLOUT_CORRECTIONS.names())}")
+    if a.tis_cap < 0:
+        raise ConfigError(f"algo.tis_cap={a.tis_cap} must be >= 0 (0: off)")
+    if a.tis_cap > 0 and a.rollout_correction != "none":
+        raise ConfigError(f"algo.tis_cap={a.tis_cap} is the shorthand for algo.rollout_correction=token_tis "
+                          f"algo.rollout_is_high={a.tis_cap}; drop it to use algo.rollout_correction="
+                          f"{a.rollout_correction}")
+    if not 0 <= a.rollout_is_low < a.rollout_is_high:
+        raise ConfigError(f"algo.rollout_is_low={a.rollout_is_low} and algo.rollout_is_high={a.rollout_is_high} "
+                          "must satisfy 0 <= low < high")
+    if not a.entropy_coef >= 0:
+        raise ConfigError(f"algo.entropy_coef={a.entropy_coef} must be >= 0 (0: no entropy bonus)")
+
+
+def _correction_key(a: AlgoConfig) -> tuple[str, str]:
+    """The override that turns on a sampler-mismatch correction and the one that turns it off ('' when off)."""
+    if a.tis_cap > 0:
+        return f"algo.tis_cap={a.tis_cap}", "algo.tis_cap=0"
+    if a.rollout_correction != "none":
+        return f"algo.rollout_correction={a.rollout_correction}", "algo.rollout_correction=none"
+    return "", ""
+
+
 def _check_sampler(cfg: Config) -> None:
     """Checks against the sampler that will run (``auto`` resolved), not the name typed."""
     s, a = cfg.sampler, cfg.algo
     name = resolve_sampler_name(s.name)
-    if a.tis_cap > 0 and name != "vllm":
-        raise ConfigError(f"algo.tis_cap={a.tis_cap} corrects the sampler's log-probs, which only sampler=vllm "
-                          f"reports (this run samples with {name}); set algo.tis_cap=0 or sampler=vllm")
-    if a.tis_cap > 0 and (s.top_p < 1 or s.top_k > 0):
-        raise ConfigError(f"algo.tis_cap needs untruncated sampling: vLLM reports log-probs after top-p/top-k "
+    key, off = _correction_key(a)
+    if key and name != "vllm":
+        raise ConfigError(f"{key} corrects the sampler's log-probs, which only sampler=vllm reports (this run "
+                          f"samples with {name}); set {off} or sampler=vllm")
+    if key and (s.top_p < 1 or s.top_k > 0):
+        raise ConfigError(f"{key} needs untruncated sampling: vLLM reports log-probs after top-p/top-k "
                           f"(sampler.top_p={s.top_p}, sampler.top_k={s.top_k}) and the learner's are over the full "
-                          "vocabulary; set sampler.top_p=1 sampler.top_k=0, or algo.tis_cap=0")
+                          f"vocabulary; set sampler.top_p=1 sampler.top_k=0, or {off}")
     if name == "vllm":
         if not vllm_available():
             raise ConfigError(
