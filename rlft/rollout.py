@@ -20,11 +20,12 @@ from torch import Tensor
 
 from rlft.algorithms.advantages import informative_groups, soft_overlong_penalty
 from rlft.batch import RolloutBatch, pack
+from rlft.config.validation import policy_budget
 from rlft.data import Problem
 from rlft.distributed import SINGLE, DataParallel
 from rlft.episodes.run import Episodes, concat
 from rlft.episodes.sample import sample_problems
-from rlft.episodes.setup import EpisodeSetup, policy_budget
+from rlft.episodes.setup import EpisodeSetup
 from rlft.rewards.normalize import shape_rewards
 from rlft.rewards.scorer import Scorer, score_all
 from rlft.samplers import Generations, Sampler, SamplingParams

@@ -303,3 +303,16 @@ def test_episodes_are_the_same_on_two_ranks_and_after_a_resume(tmp_path, eos_mod
     assert all(torch.equal(w["one"][k], w["cut"][k]) for k in w["one"])
     for k, a in w["one"].items():
         assert float((a - w["two"][k]).norm() / a.norm().clamp(min=1e-12)) < 1e-5, k
+
+
+def test_dapos_overlong_cache_fits_the_policys_budget_over_the_turns():
+    from rlft.config.validation import policy_budget
+    from rlft.errors import ConfigError
+
+    args = [*BASE, "algo=dapo", "sampler.max_new_tokens=6", "algo.overlong_cache=8"]
+    with pytest.raises(ConfigError, match=r"overlong_cache=8 must be in \(0, sampler.max_new_tokens=6\]"):
+        compose(args)
+    cfg, _, _ = compose([*args, "episode.env=tests.envs:EchoEnv", "episode.max_turns=3"])
+    assert policy_budget(cfg) == 18
+    with pytest.raises(ConfigError, match=r"must be in \(0, sampler.max_new_tokens x episode.max_turns = 18\]"):
+        compose([*args, "episode.env=tests.envs:EchoEnv", "episode.max_turns=3", "algo.overlong_cache=19"])

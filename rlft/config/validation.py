@@ -12,6 +12,12 @@ from rlft.rewards.rubric import check_judge
 from rlft.tools.check import check_episode, check_tools
 
 
+def policy_budget(cfg: Config) -> int:
+    """The most tokens the policy can write in an episode (DAPO's overlong punishment's L_max): one reply's
+    sampler.max_new_tokens, times episode.max_turns in multi-turn episodes."""
+    return cfg.sampler.max_new_tokens * (cfg.episode.max_turns if cfg.episode.env or cfg.tools else 1)
+
+
 def validate(cfg: Config) -> None:
     """Checks that span several fields, each with a message saying what to change."""
     # torch, seconds: imported here so that a config is composed and checked before torch loads.
@@ -25,10 +31,11 @@ def validate(cfg: Config) -> None:
     LOSS_AGGREGATIONS.check(a.loss_agg, "algo.loss_agg")
     if a.kl_ctrl not in ("fixed", "adaptive"):
         raise ConfigError(f"algo.kl_ctrl='{a.kl_ctrl}'; valid choices: fixed, adaptive")
-    if a.overlong_penalty and not 0 < a.overlong_cache <= s.max_new_tokens:
-        raise ConfigError(
-            f"algo.overlong_cache={a.overlong_cache} must be in (0, sampler.max_new_tokens={s.max_new_tokens}]"
-        )
+    budget = policy_budget(cfg)
+    if a.overlong_penalty and not 0 < a.overlong_cache <= budget:
+        what = (f"sampler.max_new_tokens x episode.max_turns = {budget}" if budget != s.max_new_tokens
+                else f"sampler.max_new_tokens={budget}")
+        raise ConfigError(f"algo.overlong_cache={a.overlong_cache} must be in (0, {what}]")
     if a.max_sampling_rounds < 1:
         raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be at least 1")
     if a.adv_estimator in ("grpo", "rloo") and s.n < 2:

@@ -83,7 +83,3 @@ def episode_setup(cfg: Config) -> EpisodeSetup | None:
     atexit.register(runner.close)
     return EpisodeSetup(lambda problem: ToolEnv(runner), "tools", limits, tools, e.tool_format)
 
-
-def policy_budget(cfg: Config) -> int:
-    """The most tokens the policy can write in an episode (DAPO's overlong punishment's L_max)."""
-    return cfg.sampler.max_new_tokens * (cfg.episode.max_turns if cfg.episode.env or cfg.tools else 1)
