@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", metavar="FILE", help="a JSONL file of held-out problems (default: the task's held-out split)")
     ev.add_argument("--out", metavar="FILE", help="where to write the results as JSON (default: eval_step_NNNNNN.json in the run "
                     "directory of the checkpoint evaluated; ./eval.json for a base model)")
+    parser.set_defaults(eval_parser=ev)
     return parser
 
 
@@ -132,12 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         from rlft.rm.command import main as rm_main
 
         return rm_main(argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    if argv[:1] == ["eval"]:  # overrides may come after --samples/--data/--out too (not with parse_args)
+        args = parser.get_default("eval_parser").parse_intermixed_args(argv[1:])
+        return cmd_eval(args.args, args.samples, args.data, args.out)
+    args = parser.parse_args(argv)
     if args.command == "export":
         return cmd_export(args.checkpoint, args.out_dir, args.adapter_only)
-    if args.command == "eval":
-        return cmd_eval(args.args, args.samples, args.data, args.out)
-    _parser().print_help()
+    parser.print_help()
     return 0 if args.command is None else 2
 
 

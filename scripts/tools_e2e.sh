@@ -9,14 +9,18 @@
 #      tool calls, turns and the policy's share of the episode tokens at step 0 and every EVAL steps;
 #   4. the GEMM figure before and after and a summary table.
 #
-#   scripts/tools_e2e.sh [OUT_DIR]      (STEPS=30 EVAL=10 SAMPLER=vllm ALGO=grpo)
+#   scripts/tools_e2e.sh [OUT_DIR]   (STEPS=20 EVAL=0 (0: at the start and the end) HELD_OUT=50 PROMPTS=2
+#                                     TEMPERATURE=0.7 SAMPLER=vllm ALGO=grpo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/tools}
 RLFT=${RLFT:-.venv/bin/rlft}
 PY=${PY:-.venv/bin/python}
-STEPS=${STEPS:-30}
-EVAL=${EVAL:-10}
+STEPS=${STEPS:-20}
+EVAL=${EVAL:-0}
+HELD_OUT=${HELD_OUT:-50}
+PROMPTS=${PROMPTS:-2}
+TEMPERATURE=${TEMPERATURE:-0.7}
 SAMPLER=${SAMPLER:-vllm}
 ALGO=${ALGO:-grpo}
 for d in plain "$ALGO"; do
@@ -30,12 +34,13 @@ grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' > "$OUT/cpu.t
 echo "gemm_before $(gemm)" > "$OUT/gemm.txt"
 : > "$OUT/timings.txt"
 
-"$PY" scripts/tool_task.py "$OUT/data" --train 400 --eval 100
-(cd "$OUT/plain" && timed plain "$RLFT" eval model=smollm2_135m --data "$OUT/data/plain.jsonl" \
-   "reward.fns=[math_correct]" "sampler=$SAMPLER" data.num_eval=100)
+"$PY" scripts/tool_task.py "$OUT/data" --train 400 --eval "$HELD_OUT"
+(cd "$OUT/plain" && timed plain "$RLFT" eval model=smollm2_135m "reward.fns=[math_correct]" "sampler=$SAMPLER" \
+   "data.num_eval=$HELD_OUT" --samples 0 --data "$OUT/data/plain.jsonl")
 timed "$ALGO" "$RLFT" train "algo=$ALGO" model=smollm2_135m data=jsonl "data.path=$OUT/data/train.jsonl" \
-  "data.eval_path=$OUT/data/eval.jsonl" data.num_eval=100 "tools=[calculator]" episode.max_turns=3 \
-  "reward.fns=[math_correct]" "sampler=$SAMPLER" sampler.max_new_tokens=48 "trainer.steps=$STEPS" \
+  "data.eval_path=$OUT/data/eval.jsonl" "data.num_eval=$HELD_OUT" "tools=[calculator]" episode.max_turns=3 \
+  "reward.fns=[math_correct]" "sampler=$SAMPLER" sampler.max_new_tokens=40 "sampler.temperature=$TEMPERATURE" \
+  "trainer.num_prompts=$PROMPTS" "trainer.steps=$STEPS" \
   "trainer.eval_every=$EVAL" trainer.eval_at_start=true "hydra.run.dir=$OUT/$ALGO"
 echo "gemm_after $(gemm)" >> "$OUT/gemm.txt"
 
@@ -53,8 +58,8 @@ for r in recs:
         print(f"| {r['step']} | {r['eval/accuracy']:.3f} | {r['eval/episode/tool_calls']:.2f} | "
               f"{r['eval/episode/turns']:.2f} | {r['eval/episode/policy_token_frac']:.2f} |")
 train = [r for r in recs if "episode/turns" in r]
-for lo in range(0, len(train), 10):
-    part = train[lo:lo + 10]
+for lo in range(0, len(train), 5):
+    part = train[lo:lo + 5]
     mean = lambda k: sum(r.get(k, 0.0) for r in part) / len(part)
     print(f"steps {part[0]['step']}-{part[-1]['step']}: reward {mean('reward/mean'):.3f}, tool calls "
           f"{mean('episode/tool_calls'):.2f}, tool errors {mean('episode/tool_errors'):.2f}, turns "

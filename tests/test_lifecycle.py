@@ -111,10 +111,11 @@ def test_eval_checkpoint_and_base(trained, tmp_path):
     assert res["eval/mean_tokens"] == pytest.approx(8.0)
 
     base_out = tmp_path / "base.json"
-    r = run_cli(["eval", "model=tiny", "sampler=hf", "data.num_eval=12", "--samples", "0", "--out", str(base_out)],
+    # overrides before and after the options, as users write them
+    r = run_cli(["eval", "model=tiny", "--samples", "0", "sampler=hf", "--out", str(base_out), "data.num_eval=12"],
                 Path.cwd())
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(base_out.read_text())["model"] == "tiny"
+    assert json.loads(base_out.read_text())["model"] == "tiny" and json.loads(base_out.read_text())["problems"] == 12
 
     r = run_cli(["eval", str(tmp_path / "missing"), "--out", str(base_out)], Path.cwd())
     assert r.returncode == 2 and "no such checkpoint" in r.stderr
