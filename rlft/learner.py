@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from rlft.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS, LossNorm, masked_mean
 from rlft.algorithms.losses import clipped_value_loss
 from rlft.batch import RolloutBatch
+from rlft.config.validation import policy_budget
 from rlft.distributed import SINGLE, DataParallel
 from rlft.logprobs import critic_values, micro_batches, token_logprobs
 from rlft.models.critic import Critic
@@ -120,7 +121,7 @@ def update_policy(c: Components, batch: RolloutBatch, cfg: Config) -> dict[str, 
         epochs_run = epoch
         if rows.nothing_to_learn(mini, algo):
             continue
-        norm = LossNorm(float(len(mini)), rows.tokens(mini), float(cfg.sampler.max_new_tokens))
+        norm = LossNorm(float(len(mini)), rows.tokens(mini), float(policy_budget(cfg)))
         mine = torch.tensor([i - offset for i in mini if offset <= i < offset + batch.size], dtype=torch.long,
                             device="cpu")
         totals = _accumulate_gradients(c, batch, mine, norm, cfg, acc)

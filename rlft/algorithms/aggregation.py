@@ -23,7 +23,7 @@ class LossNorm:
     Attributes:
         num_seqs: Sequences in the mini-batch.
         num_tokens: Response tokens (mask sum) in the mini-batch.
-        max_tokens: The generation budget (sampler.max_new_tokens), for Dr. GRPO.
+        max_tokens: The generation budget (sampler.max_new_tokens; x episode.max_turns in episodes), for Dr. GRPO.
     """
 
     num_seqs: float
