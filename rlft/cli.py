@@ -69,6 +69,7 @@ def default_eval_out(checkpoint: Path | None) -> Path:
 
 def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -> int:
     from rlft.config import compose  # Hydra
+    from rlft.console import run_log
     from rlft.evaluation import run_eval, write_result  # torch, transformers
     from rlft.export import checkpoint_config, find_checkpoint  # torch
 
@@ -85,7 +86,9 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -
         if target.is_dir():  # before the evaluation, not after minutes of it
             return fail(f"--out {target} is a directory: give a file name")
         cfg = checkpoint_config(checkpoint, overrides) if checkpoint else compose(overrides)[0]
-        result = run_eval(cfg, checkpoint, samples)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with run_log(target.with_suffix(".log")):  # other libraries' output: beside the result, not the console
+            result = run_eval(cfg, checkpoint, samples)
     except RlftError as e:
         return fail(str(e), e.exit_code)
     write_result(result, target)

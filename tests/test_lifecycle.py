@@ -116,6 +116,7 @@ def test_eval_checkpoint_and_base(trained, tmp_path):
                 Path.cwd())
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(base_out.read_text())["model"] == "tiny" and json.loads(base_out.read_text())["problems"] == 12
+    assert "warn" not in (r.stdout + r.stderr).lower()  # other libraries' output goes to base.log
 
     r = run_cli(["eval", str(tmp_path / "missing"), "--out", str(base_out)], Path.cwd())
     assert r.returncode == 2 and "no such checkpoint" in r.stderr
