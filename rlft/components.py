@@ -33,6 +33,7 @@ from rlft.rewards.normalize import RunningMoments
 from rlft.rewards.scorer import Scorer, build_scorers, gold_name
 from rlft.samplers import Sampler, build_sampler
 from rlft.sharding import shard_decoder
+from rlft.sync_check import SyncCheck, build_check
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -62,6 +63,8 @@ class Components:
     """reward.gold's checker, logged beside the learned scorers and never in the reward (None: off)."""
     episodes: EpisodeSetup | None = None
     """Multi-turn episodes' environment and limits (None: one reply per episode)."""
+    sync_check: SyncCheck | None = None
+    """What checks each weight sync (rlft.sync_check; None: no check)."""
 
 
 def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = SINGLE) -> Components:
@@ -101,7 +104,8 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
-                      scorers=scorers, gold=gold, episodes=episodes)
+                      scorers=scorers, gold=gold, episodes=episodes,
+                      sync_check=build_check(cfg, policy, sampler, task))
 
 
 def preflight(cfg: Config, world: int) -> None:

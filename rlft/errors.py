@@ -37,7 +37,7 @@ class CheckpointError(RlftError, ValueError):
     """A checkpoint that cannot be used; the CLI prints it on one line."""
 
 
-# Exit 1: the user's reward function.
+# Exit 1: the user's reward function or environment; a weight sync that did not reach the sampler.
 
 
 class RewardError(RlftError, RuntimeError):
@@ -48,6 +48,13 @@ class RewardError(RlftError, RuntimeError):
 
 class EnvError(RlftError, RuntimeError):
     """An environment (``episode.env``) raised or answered with something that is not a Step."""
+
+    exit_code = 1
+
+
+class SyncError(RlftError, RuntimeError):
+    """After a weight sync the sampler's log-probs of a fixed probe differ from the learner's beyond the
+    tolerance (rlft.sync_check): the message gives the mismatch, the tolerance and the sync mode."""
 
     exit_code = 1
 

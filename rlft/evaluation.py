@@ -25,6 +25,7 @@ from rlft.rewards.scorer import eval_reward
 from rlft.rollout import prompt_seeds
 from rlft.run_state import load_policy_weights, trained_dtype
 from rlft.samplers import Generations, Sampler, SamplingParams, build_sampler, sync_sampler
+from rlft.sync_check import build_check, verify
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -132,8 +133,10 @@ def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, An
     if checkpoint is not None:
         load_policy_weights(policy.model, checkpoint)
         sync_sampler(sampler, policy)
+    checked = verify(build_check(cfg, policy, sampler, task), sampler, policy, SINGLE, "before evaluation")
     result: dict[str, Any] = {"model": str(checkpoint) if checkpoint else cfg.model.name, "problems": len(problems),
                               "temperature": cfg.sampler.temperature, "samples": samples}
+    result.update((k, v) for k, v in checked.items() if not k.startswith("time/"))
     result.update(evaluate(sampler, policy.tokenizer, problems, cfg, episodes=episodes))
     if samples > 0:
         result.update(evaluate_sampled(sampler, policy.tokenizer, problems, cfg, samples, episodes))

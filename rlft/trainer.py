@@ -10,6 +10,7 @@ only take part in the collectives).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from rlft.prepare import adapt_coefficients, prepare_batch
 from rlft.rewards.scorer import eval_reward
 from rlft.rollout import collect_rollout
 from rlft.samplers import sync_sampler
+from rlft.sync_check import verify
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -55,9 +57,13 @@ def train(cfg: Config, run_dir: Path, resolved_yaml: str | None = None) -> dict[
     done, snap = start, failure.capture(c)
     with failure.GracefulStop(hold_on_error=dp.active, grace_s=cfg.trainer.stop_grace_s) as stop:
         try:
+            # The sampler's weights were set apart from the learner's (loaded from the model's files, or the
+            # checkpoint's pushed in): check them before the first rollout.
+            checked = verify(c.sync_check, c.sampler, c.policy, dp, "after the resume" if resume else "at start-up",
+                             _warner(out))
             if cfg.trainer.eval_at_start and resume is None and _evaluates(c, cfg):
                 last = evaluate(c.sampler, c.policy.tokenizer, c.task.eval_problems, cfg, dp, c.episodes)
-                out.log_step(0, last)
+                out.log_step(0, {**last, **checked})
             t_start = time.perf_counter()
             for step in range(start + 1, cfg.trainer.steps + 1):
                 last = train_step(step, c, cfg, out)
@@ -151,12 +157,19 @@ def train_step(step: int, c: Components, cfg: Config, out: Outputs | None = None
     if moved:
         sync_sampler(c.sampler, c.policy)
     t2 = time.perf_counter()
+    if moved:
+        metrics.update(verify(c.sync_check, c.sampler, c.policy, c.dp, f"after the step {step} sync", _warner(out)))
     metrics["penalty_beta"] = c.state.penalty_beta
     metrics["kl_coef"] = c.state.kl_coef
     metrics["time/update_s"] = t1 - t0
     metrics["time/sync_s"] = t2 - t1
-    metrics["time/step_s"] = t2 - t_start
+    metrics["time/step_s"] = time.perf_counter() - t_start
     return metrics
+
+
+def _warner(out: Outputs | None) -> Callable[[str], None] | None:
+    """Where a sync check under sampler.sync_check=warn reports (None: stderr)."""
+    return (lambda message: out.info(f"warning: {message}")) if out is not None else None
 
 
 def _to_yaml(cfg: Config) -> str:

@@ -17,7 +17,7 @@ from tests.support import ROOT
 
 # The exit codes docs/usage.md ("Exit codes") gives each user-facing error.
 DOCUMENTED = {"ConfigError": 2, "DataError": 2, "ModelError": 2, "CheckpointError": 2, "RewardError": 1,
-              "RewardNameError": 2, "EnvError": 1}
+              "RewardNameError": 2, "EnvError": 1, "SyncError": 1}
 
 
 def _import_stats():

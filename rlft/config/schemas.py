@@ -29,6 +29,7 @@ HARMLESS, NUMERICS, HARMFUL = "harmless", "numerics only", "harmful"
 LABEL = (HARMLESS, "a display label")
 EVAL_ONLY = (HARMLESS, "evaluation only, greedy and outside the update")
 CHECKPOINTING = (HARMLESS, "checkpointing only")
+SYNC_CHECK = (HARMLESS, "a check of each weight sync; the steps run are unchanged")
 WAITING = (HARMLESS, "how long a stop or a lost rank is waited for; the steps run are unchanged")
 ALGORITHM = (HARMFUL, "the algorithm's advantages, loss or coefficients")
 MODEL = (HARMFUL, "the model being trained")
@@ -294,6 +295,12 @@ class SamplerConfig:
     """Top-k sampling (0: off)."""
     max_new_tokens: int = knob(32, SAMPLING)
     """Completion length cap; longer completions are truncated."""
+    sync_check: str = knob("error", SYNC_CHECK)
+    """After each weight sync (and at start-up, after a resume, before `rlft eval`) the sampler scores a fixed
+    probe and its log-probs must match the learner's: error (stop the run, exit 1), warn (say so and go on) or off."""
+    sync_check_tol: float | None = knob(None, SYNC_CHECK)
+    """Largest mean |log-prob difference| on the probe that passes (None: by dtype, 1e-3 when learner and
+    sampler both run fp32, else 0.25)."""
     vllm: VLLMConfig = knob(resume=(NUMERICS, "rounding and random draws of the vLLM engine"), factory=VLLMConfig)
     """vLLM engine settings (sampler=vllm)."""
 

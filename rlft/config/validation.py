@@ -327,6 +327,10 @@ def _correction_key(a: AlgoConfig) -> tuple[str, str]:
 def _check_sampler(cfg: Config) -> None:
     """Checks against the sampler that will run (``auto`` resolved), not the name typed."""
     s, a = cfg.sampler, cfg.algo
+    if s.sync_check not in ("error", "warn", "off"):
+        raise ConfigError(f"sampler.sync_check='{s.sync_check}'; valid choices: error, warn, off")
+    if s.sync_check_tol is not None and not s.sync_check_tol > 0:
+        raise ConfigError(f"sampler.sync_check_tol={s.sync_check_tol}; must be > 0 (null: by dtype)")
     name = resolve_sampler_name(s.name)
     key, off = _correction_key(a)
     if key and name != "vllm":

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -65,8 +66,17 @@ class Sampler(Protocol):
     """True: the sampler serves the policy's LoRA adapter on its own base weights, and a sync calls
     :meth:`load_adapter`; False: a sync pushes weights with :meth:`load_weights`."""
 
+    dtype: torch.dtype
+    """The dtype its weights are held and computed in (the sync check's tolerance depends on it)."""
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
         """Sample ``params.n`` completions for each tokenized prompt."""
+        ...
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs, at temperature 1, of each completion token given the prompt and the
+        completion tokens before it, under the sampler's current weights (rlft.sync_check compares
+        them with the learner's)."""
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:

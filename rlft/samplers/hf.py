@@ -68,6 +68,7 @@ class HFSampler:
                  device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval().requires_grad_(False)
+        self.dtype = self.model.dtype
         self.stop = torch.tensor(stop, device=self.device)  # rollout.base.stop_token_ids: the same set as vLLM's
         self.pad = tokenizer.pad_token_id
         self.max_batch = max_batch
@@ -148,6 +149,16 @@ class HFSampler:
             logits = next_logits(tok[:, None], mask, next_pos[:, None])
             next_pos = next_pos + 1
         return tokens, [not f for f in finished]
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Log-probs of the completion from one forward pass of the sampler's own copy of the weights,
+        through the same decoder and LM head calls as the decode loop (not the learner's code)."""
+        ids = torch.tensor([prompt_ids + completion_ids], device=self.device)
+        hidden = self.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]
+        before = hidden[len(prompt_ids) - 1 : -1]  # the state before each completion token
+        logp = torch.log_softmax(self.model.get_output_embeddings()(before).float(), -1)
+        return logp.gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1).tolist()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:

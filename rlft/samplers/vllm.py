@@ -99,6 +99,19 @@ class VLLMSampler:
                 logprobs.append([step[tok].logprob for step, tok in zip(o.logprobs or [], ids)])
         return Generations(index, completions, truncated, logprobs)
 
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Log-probs of the completion as vLLM computes them for a prompt (``prompt_logprobs=0``: the
+        log-prob of each actual token, before any sampling processor, so at temperature 1): the whole
+        sequence goes in as the prompt of a one-token greedy request, served with the synced adapter."""
+        self._wake()
+        sp = request_params(SamplingParams(greedy=True, max_new_tokens=1), 1, self.stop, seeded=False,
+                            prompt_logprobs=0)
+        out = self.llm.generate([{"prompt_token_ids": prompt_ids + completion_ids}], sp, use_tqdm=False,
+                                lora_request=self.adapter)[0]
+        # Position i holds {token i: its log-prob} (None at position 0, which nothing predicts).
+        steps = out.prompt_logprobs[len(prompt_ids) :]
+        return [step[tok].logprob for step, tok in zip(steps, completion_ids)]
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         self._wake()
@@ -169,10 +182,13 @@ def pinned_executor(index: int) -> type:
     return PinnedExecutor
 
 
-def request_params(params: SamplingParams, num_prompts: int, stop: list[int], seeded: bool) -> Any:
+def request_params(params: SamplingParams, num_prompts: int, stop: list[int], seeded: bool,
+                   prompt_logprobs: int | None = None) -> Any:
     """vLLM's sampling parameters for ``num_prompts`` prompts: with ``seeded`` and per-prompt seeds,
     one per prompt carrying its seed (vLLM then seeds that request's n children seed + j, which
-    ``prompt_seeds`` spaces for); else one for every prompt, seeded by ``params.seed`` if ``seeded``."""
+    ``prompt_seeds`` spaces for); else one for every prompt, seeded by ``params.seed`` if ``seeded``.
+    ``prompt_logprobs``: as vLLM's (0: each prompt token's own log-prob; such a request reads no
+    prefix cache)."""
     from vllm import SamplingParams as VSamplingParams  # optional (rlft[vllm]); seconds to import
 
     sp = VSamplingParams(
@@ -185,6 +201,7 @@ def request_params(params: SamplingParams, num_prompts: int, stop: list[int], se
         detokenize=False,
         stop_token_ids=stop,  # the same stop set as the hf sampler, whatever vLLM reads from the model dir
         seed=params.seed if seeded else None,
+        prompt_logprobs=prompt_logprobs,
     )
     if params.prompt_seeds is None or not seeded:
         return sp

@@ -1,0 +1,173 @@
+"""The sync check: after each weight sync the sampler must score a fixed probe as the learner does.
+
+A weight sync that silently does nothing trains on stale rollouts without any error: verl's LoRA
+never reached vLLM in async mode (verl #7495), unsloth-zoo loaded every layer but ``up_proj``
+(unsloth-zoo #941); their users found out weeks later from flat reward curves. Here, wherever the
+sampler's weights are set (start-up, resume, each step's sync, ``rlft eval``), the sampler scores one
+short probe sequence (:meth:`rlft.samplers.base.Sampler.score`, its own weights and kernels) and
+the learner scores the same tokens; their log-probs must agree within a tolerance set by the
+dtypes. One ~30-token forward on each side: well under 2% of a step (scripts/bench_sync_check.py).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from rlft.batch import RolloutBatch, pack
+from rlft.config.validation import resolve_sampler_name
+from rlft.data.chat import problem_ids
+from rlft.distributed import SINGLE, DataParallel
+from rlft.errors import SyncError
+from rlft.logprobs import token_logprobs
+
+if TYPE_CHECKING:
+    from rlft.config.schemas import Config
+    from rlft.data import Task
+    from rlft.models import Policy
+    from rlft.samplers import Sampler
+
+# The probe's completion: a fixed sentence of ~14 tokens, scored after the tail of a real prompt, so the
+# chat template's special tokens and ordinary text both pass through every layer and every adapter.
+PROBE_TEXT = " The quick brown fox jumps over the lazy dog near the river bank."
+PROMPT_TAIL = 16
+"""Tokens of the first training prompt kept before the probe sentence."""
+
+# Honest mismatches measured (docs/implementation.md, "Sync check"): fp32 tiny model hf <= 4e-7, vLLM
+# adapter <= 5e-7, vLLM merged < 3.3e-4 (max); bf16 SmolLM2-135M mean 0.03-0.053 (hf and vLLM merged).
+TOL_FP32 = 1e-3
+TOL_LOW_PRECISION = 0.25
+
+METRICS = ("sync/logp_abs_diff_mean", "sync/logp_abs_diff_max", "time/sync_check_s")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Token ids scored on both sides: log-probs of ``completion`` given ``prompt``."""
+
+    prompt: list[int]
+    completion: list[int]
+
+
+@dataclass(frozen=True)
+class SyncCheck:
+    """What a run checks after each sync, and what it does on a mismatch."""
+
+    probe: Probe
+    mode: str
+    """sampler.sync_check: error, warn or off."""
+    tol: float
+    """Largest mean |log-prob difference| that passes."""
+    tol_source: str
+    """Where ``tol`` comes from, for the message: the dtype, or sampler.sync_check_tol."""
+    where: str
+    """The sampler and its sync mode, e.g. 'sampler=vllm, sync=adapter'."""
+
+
+def make_probe(tokenizer: Any, first_prompt: list[int]) -> Probe:
+    completion = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
+    return Probe(list(first_prompt[-PROMPT_TAIL:]), completion)
+
+
+def tolerance(tol: float | None, dtypes: list[torch.dtype]) -> tuple[float, str]:
+    """``tol`` when set, else by dtype: bf16 and fp16 round each logit to 2^-8 relative, fp32 to 2^-24."""
+    if tol is not None:
+        return tol, "sampler.sync_check_tol"
+    if all(d == torch.float32 for d in dtypes):
+        return TOL_FP32, "fp32"
+    low = next(d for d in dtypes if d != torch.float32)
+    return TOL_LOW_PRECISION, str(low).removeprefix("torch.").replace("bfloat16", "bf16").replace("float16", "fp16")
+
+
+def sync_mode(sampler: Sampler, policy: Policy) -> str:
+    """How the policy reaches the sampler: its adapter, the adapter merged into the base, or all weights."""
+    if sampler.serves_adapter:
+        return "adapter"
+    return "merged" if policy.lora else "full weights"
+
+
+def build_check(cfg: Config, policy: Policy, sampler: Sampler, task: Task) -> SyncCheck:
+    """The run's check: the probe after the first training prompt, the tolerance for the learner's and
+    the sampler's dtypes."""
+    first = task.batch(0, 1)[0]
+    probe = make_probe(policy.tokenizer, problem_ids(policy.tokenizer, first, cfg.data))
+    tol, source = tolerance(cfg.sampler.sync_check_tol, [policy.compute_dtype, sampler.dtype])
+    where = f"sampler={resolve_sampler_name(cfg.sampler.name)}, sync={sync_mode(sampler, policy)}"
+    return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where)
+
+
+def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
+    """The probe's completion log-probs under the policy (eval mode, no gradient, temperature 1), by the
+    learner's own log-prob code. Returns (T,) fp32 on the CPU."""
+    ids, start, length, mask = pack([probe.prompt], [probe.completion], 0)
+    n = len(probe.completion)
+    batch = RolloutBatch(ids, start, length, mask, torch.zeros(1), torch.zeros(1),
+                         torch.zeros(1, dtype=torch.bool)).to(policy.device)
+    training = policy.model.training
+    policy.model.eval()  # no dropout: the sampler has none
+    try:
+        with torch.no_grad(), policy.autocast():
+            logp, _ = token_logprobs(policy.model, batch, 1.0)
+    finally:
+        policy.model.train(training)
+    return logp[0, :n].float().cpu()
+
+
+def measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel = SINGLE) -> dict[str, float]:
+    """The check's metrics: mean and max |learner - sampler| log-prob over the probe (over ranks: the
+    mean of the ranks' means, the max of their maxima, so every rank decides alike) and its time."""
+    t0 = time.perf_counter()
+    theirs = torch.tensor(sampler.score(check.probe.prompt, check.probe.completion), dtype=torch.float32)
+    diff = (learner_logprobs(policy, check.probe) - theirs).abs()
+    # A NaN anywhere must fail the check: nan_to_num maps it to +inf, which no tolerance passes.
+    diff = torch.nan_to_num(diff, nan=math.inf)
+    ranks = dp.all_gather((diff.mean().item(), diff.max().item()))
+    return {
+        "sync/logp_abs_diff_mean": sum(m for m, _ in ranks) / len(ranks),
+        "sync/logp_abs_diff_max": max(x for _, x in ranks),
+        "time/sync_check_s": time.perf_counter() - t0,
+    }
+
+
+def mismatch(check: SyncCheck, metrics: dict[str, float], when: str) -> str | None:
+    """The one-line message when the mean difference exceeds the tolerance (None: it passed)."""
+    mean, top = metrics["sync/logp_abs_diff_mean"], metrics["sync/logp_abs_diff_max"]
+    if mean <= check.tol:
+        return None
+    return (f"weight sync check failed {when} ({check.where}): the sampler's log-probs of a probe differ from "
+            f"the learner's by mean {mean:.3g}, max {top:.3g} (tolerance {check.tol:g}, {check.tol_source}); "
+            "the sampler is not sampling from the policy being trained")
+
+
+def verify(check: SyncCheck | None, sampler: Sampler, policy: Policy, dp: DataParallel, when: str,
+           warn: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Run the check (unless off) after the sampler's weights were set ``when`` ("after the step 3 sync").
+
+    Returns:
+        Its metrics (:data:`METRICS`); empty when the check is off.
+
+    Raises:
+        SyncError: a mismatch under sampler.sync_check=error (under ``warn`` it goes to ``warn``, by
+            default to stderr, and the run goes on).
+    """
+    if check is None or check.mode == "off":
+        return {}
+    metrics = measure(check, sampler, policy, dp)
+    problem = mismatch(check, metrics, when)
+    if problem is None:
+        return metrics
+    if check.mode == "error":
+        raise SyncError(problem + " (sampler.sync_check=warn: go on anyway)")
+    (warn or _to_stderr)(problem)
+    return metrics
+
+
+def _to_stderr(message: str) -> None:
+    print(f"rlft: warning: {message}", file=sys.stderr)
