@@ -11,10 +11,11 @@ dtypes. One ~30-token forward on each side: well under 2% of a step (scripts/ben
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +74,8 @@ class SyncCheck:
 
 def make_probe(tokenizer: Any, first_prompt: list[int]) -> Probe:
     completion = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
-    return Probe(list(first_prompt[-PROMPT_TAIL:]), completion)
+    # Something must precede the first scored token (an empty raw-text prompt has no token at all).
+    return Probe(list(first_prompt[-PROMPT_TAIL:]) or [tokenizer.eos_token_id], completion)
 
 
 def tolerance(tol: float | None, dtypes: list[torch.dtype]) -> tuple[float, str]:
@@ -124,8 +126,9 @@ def measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel
     """The check's metrics: mean and max |learner - sampler| log-prob over the probe (over ranks: the
     mean of the ranks' means, the max of their maxima, so every rank decides alike) and its time."""
     t0 = time.perf_counter()
-    theirs = torch.tensor(sampler.score(check.probe.prompt, check.probe.completion), dtype=torch.float32)
-    diff = (learner_logprobs(policy, check.probe) - theirs).abs()
+    with one_cpu_thread(policy.device):
+        theirs = torch.tensor(sampler.score(check.probe.prompt, check.probe.completion), dtype=torch.float32)
+        diff = (learner_logprobs(policy, check.probe) - theirs).abs()
     # A NaN anywhere must fail the check: nan_to_num maps it to +inf, which no tolerance passes.
     diff = torch.nan_to_num(diff, nan=math.inf)
     ranks = dp.all_gather((diff.mean().item(), diff.max().item()))
@@ -134,6 +137,23 @@ def measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel
         "sync/logp_abs_diff_max": max(x for _, x in ranks),
         "time/sync_check_s": time.perf_counter() - t0,
     }
+
+
+@contextlib.contextmanager
+def one_cpu_thread(device: torch.device) -> Iterator[None]:
+    """Run the check's ~30-token passes on one CPU thread: ops this small gain nothing from a second
+    one, and on a busy machine every parallel region waits for a descheduled thread (measured beside
+    another job on 2 cores: 1.9 s on 2 threads, 15 ms on 1). Under vLLM on CPU the process already runs
+    one (and torch.set_num_threads only logs a warning)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def mismatch(check: SyncCheck, metrics: dict[str, float], when: str) -> str | None:

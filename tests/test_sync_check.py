@@ -295,3 +295,14 @@ def test_vllm_sync_check(vllm_fp32, monkeypatch):
     monkeypatch.undo()
     sync_sampler(sampler, policy)
     assert measure(check, sampler, policy)["sync/logp_abs_diff_mean"] < TOL_FP32 / 3
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_honest_vllm_training_passes_every_check(tmp_path):
+    run = tmp_path / "run"
+    proc = run_cli(["train", *VLLM_FP32, f"hydra.run.dir={run}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["sync/logp_abs_diff_mean"] < TOL_FP32 / 3 for r in rows), rows
