@@ -143,17 +143,18 @@ def measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel
 def one_cpu_thread(device: torch.device) -> Iterator[None]:
     """Run the check's ~30-token passes on one CPU thread: ops this small gain nothing from a second
     one, and on a busy machine every parallel region waits for a descheduled thread (measured beside
-    another job on 2 cores: 1.9 s on 2 threads, 15 ms on 1). Under vLLM on CPU the process already runs
-    one (and torch.set_num_threads only logs a warning)."""
+    another job on 2 cores: 1.9 s on 2 threads, 15 ms on 1)."""
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads == 1:
         yield
         return
-    torch.set_num_threads(1)
+    # torch._C's own setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op once it has
+    # bound its OpenMP threads to cores. Narrowing the team and widening it back keeps those threads.
+    torch._C.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch._C.set_num_threads(threads)
 
 
 def mismatch(check: SyncCheck, metrics: dict[str, float], when: str) -> str | None:
