@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rlft.console import run_log
 from rlft.errors import CheckpointError, ConfigError, DataError, ModelError, RlftError, fail
 from rlft.paths import quote_home, user_path
 
@@ -69,7 +70,6 @@ def default_eval_out(checkpoint: Path | None) -> Path:
 
 def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -> int:
     from rlft.config import compose  # Hydra
-    from rlft.console import run_log
     from rlft.evaluation import run_eval, write_result  # torch, transformers
     from rlft.export import checkpoint_config, find_checkpoint  # torch
 

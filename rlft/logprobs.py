@@ -56,7 +56,10 @@ def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
         return first, targets
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys[slot], layer.values[slot]
-    mask = torch.cat([prompt_mask[slot], batch.response_mask[:, :width].long()], dim=1)
+    # Attend to every completion token, not only those in the loss: an episode's environment tokens
+    # (0 in the response mask) are context the policy's later turns were sampled after.
+    written = torch.arange(width, device=dev)[None, :] < batch.resp_len[:, None]
+    mask = torch.cat([prompt_mask[slot], written.long()], dim=1)
     pos = prompt_pos[slot, -1:] + 1 + torch.arange(width, device=dev)[None, :]
     rest = decoder(input_ids=targets[:, :width], attention_mask=mask, position_ids=pos, past_key_values=cache,
                    use_cache=True).last_hidden_state

@@ -77,6 +77,36 @@ def test_token_logprobs_match_full_forward_per_row(tiny, temperature):
                 assert entropy[i, t].item() == pytest.approx(ent.item(), abs=1e-3)
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_tokens_outside_the_loss_mask_stay_in_the_context(tiny, train):
+    """An episode's environment tokens (0 in the response mask) are context: the policy's later tokens
+    get the log-probs of a full forward over the whole row, with the prompt-sharing pass and without it."""
+    cfg, policy = tiny
+    prompts, comps, _ = _batch(n_rows=4, seed=5)
+    comps = [c + [40, 41, 42, 43] + c for c in comps]  # reply, 4 environment tokens, reply
+    ids, start, length, mask = pack(prompts, comps, pad_id=2)
+    for i, c in enumerate(comps):
+        half = (len(c) - 4) // 2
+        mask[i, half: half + 4] = 0
+    batch = RolloutBatch(ids, start, length, mask, torch.arange(4) // 2, torch.zeros(4), torch.zeros(4, dtype=torch.bool))
+    was = policy.model.training
+    policy.model.train(train)
+    if train:
+        policy.model.gradient_checkpointing_enable()
+    try:
+        with torch.no_grad():
+            fast, _ = token_logprobs(policy.model, batch, 0.7)
+            for i, (p, c) in enumerate(zip(prompts, comps)):
+                logp_all = torch.log_softmax(policy.model(input_ids=torch.tensor([p + c])).logits[0].float() / 0.7, -1)
+                for t, tok in enumerate(c):
+                    want = logp_all[len(p) + t - 1, tok].item() if mask[i, t] else 0.0
+                    assert fast[i, t].item() == pytest.approx(want, abs=1e-4), (i, t)
+    finally:
+        if train:
+            policy.model.gradient_checkpointing_disable()
+        policy.model.train(was)
+
+
 def _grads(policy, batch, cfg, micro):
     policy.model.zero_grad(set_to_none=True)
     norm = LossNorm(float(batch.size), float(batch.response_mask.sum()), float(cfg.sampler.max_new_tokens))

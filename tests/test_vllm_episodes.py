@@ -39,6 +39,8 @@ prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_gen
 params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0)
 eps = run_episodes(sampler, tok, prompts, params, lambda i: envs.EchoEnv(None), Limits(3, 200))
 ids, start, length, mask = pack([prompts[i] for i in eps.prompt_index], eps.completion_ids, tok.pad_token_id)
+for i, m in enumerate(eps.policy_mask):  # as the rollout packs them: the environment's tokens outside the loss
+    mask[i, : len(m)] = torch.tensor(m, dtype=mask.dtype)
 n = len(eps.completion_ids)
 batch = RolloutBatch(ids, start, length, mask, torch.zeros(n), torch.zeros(n), torch.zeros(n, dtype=torch.bool))
 with torch.no_grad(), policy.autocast():

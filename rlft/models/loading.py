@@ -164,14 +164,18 @@ def load_base(cfg: ModelConfig, dtype: torch.dtype, seed: int, device: torch.dev
             (``AutoModelForSequenceClassification``; a causal LM's directory gets a new head).
         notes: Collects what loading decided for the user's log (a pad token set to EOS).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # slow import: only here
+    from transformers import (  # slow import: only here
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        LlamaConfig,
+        LlamaForCausalLM,
+        LlamaForSequenceClassification,
+    )
 
     tok = load_tokenizer(cfg, notes)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         if cfg.source == "tiny":
-            from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification  # as above
-
             t = cfg.tiny
             config = LlamaConfig(
                 vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,

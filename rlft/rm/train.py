@@ -21,6 +21,7 @@ import torch
 from rlft import checkpoint as ckpt
 from rlft import run_state
 from rlft.algorithms.preference import PREFERENCE_LOSSES, pairwise_accuracy
+from rlft.config.rm_schema import RM_KEY_CLASSES
 from rlft.distributed import SINGLE, DataParallel, from_environment, local_rank
 from rlft.errors import ConfigError, DataError
 from rlft.failure import GracefulStop
@@ -48,7 +49,6 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
     Under torchrun every rank calls this with the same ``run_dir``: each scores its share of every
     batch, the gradients are summed over the ranks (each rank's loss is its share of the batch's
     mean), so every rank takes the step one process would; rank 0 logs and writes."""
-    from rlft.config.rm_schema import RM_KEY_CLASSES
 
     t = cfg.trainer
     dp = from_environment()
