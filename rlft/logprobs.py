@@ -19,7 +19,7 @@ from rlft.models.policy import Policy
 from rlft.sharding import is_sharded, lockstep_count
 
 
-def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+def response_hidden(model: Any, batch: RolloutBatch, whole_rows: bool = False) -> tuple[Tensor, Tensor]:
     """Final hidden states at the positions that predict each completion token.
 
     Rows that share a prompt (the n samples of a group) share its computation: the distinct
@@ -33,12 +33,13 @@ def response_hidden(model: Any, batch: RolloutBatch) -> tuple[Tensor, Tensor]:
     Args:
         model: A causal LM (plain or peft) exposing ``get_decoder``.
         batch: Uses ``input_ids`` (B, L), ``resp_start``, ``resp_len``, ``response_mask`` (B, T), ``host``.
+        whole_rows: Run each row whole (as under gradient checkpointing), not the shared prompt pass.
 
     Returns:
         ``hidden`` (B, T, H): row b's state before completion token t; and ``targets`` (B, T),
         the completion tokens (meaningful where the response mask is 1).
     """
-    if model.training and getattr(model, "is_gradient_checkpointing", False):
+    if whole_rows or (model.training and getattr(model, "is_gradient_checkpointing", False)):
         return _whole_rows_hidden(model, batch)
     from transformers import DynamicCache  # transformers: seconds to import, only with a model
 
@@ -187,7 +188,8 @@ def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
 
 
 def token_logprobs(
-    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 128, entropy_grad: bool = False
+    model: Any, batch: RolloutBatch, temperature: float, chunk_tokens: int = 128, entropy_grad: bool = False,
+    whole_rows: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs (and entropies) of each row's completion tokens under ``model``.
 
@@ -200,12 +202,14 @@ def token_logprobs(
         temperature: Sampling temperature; logits are divided by it.
         chunk_tokens: Positions per logits chunk.
         entropy_grad: Give the entropy a gradient too (the entropy bonus), in the same chunked backward.
+        whole_rows: One forward over each whole row instead of the shared prompt pass (the same values:
+            for a single row, as the sync check's probe, one decoder call is cheaper than two).
 
     Returns:
         ``logp`` (B, T), with gradient when enabled, and ``entropy`` (B, T) of the distribution at
         ``temperature``, detached unless ``entropy_grad``; both are 0 where the response mask is 0.
     """
-    h, targets = response_hidden(model, batch)
+    h, targets = response_hidden(model, batch, whole_rows)
     b, t_len, width = h.shape
     valid = batch.response_mask.reshape(-1).nonzero().squeeze(-1)
     h, targets = h.reshape(b * t_len, width)[valid], targets.reshape(b * t_len)[valid]

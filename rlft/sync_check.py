@@ -116,7 +116,9 @@ def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
     policy.model.eval()  # no dropout: the sampler has none
     try:
         with torch.no_grad(), policy.autocast():
-            logp, _ = token_logprobs(policy.model, batch, 1.0)
+            # One row: a whole-row forward is one decoder call, not the prompt pass and the completion
+            # pass (SmolLM2, 30 tokens: 0.19 s -> 0.11 s); equal values (tests/test_learner.py).
+            logp, _ = token_logprobs(policy.model, batch, 1.0, whole_rows=True)
     finally:
         policy.model.train(training)
     return logp[0, :n].float().cpu()

@@ -96,6 +96,8 @@ def test_tokens_outside_the_loss_mask_stay_in_the_context(tiny, train):
     try:
         with torch.no_grad():
             fast, _ = token_logprobs(policy.model, batch, 0.7)
+            whole, _ = token_logprobs(policy.model, batch, 0.7, whole_rows=True)
+            assert torch.allclose(fast, whole, atol=1e-5)
             for i, (p, c) in enumerate(zip(prompts, comps)):
                 logp_all = torch.log_softmax(policy.model(input_ids=torch.tensor([p + c])).logits[0].float() / 0.7, -1)
                 for t, tok in enumerate(c):
