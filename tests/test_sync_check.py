@@ -173,10 +173,12 @@ def test_nan_fails_the_check(fp32_hf):
 @pytest.mark.parametrize("bad, expected", [
     ("sampler.sync_check=maybe", "sampler.sync_check='maybe'; valid choices: error, warn, off"),
     ("sampler.sync_check_tol=-1", "sampler.sync_check_tol=-1.0; must be > 0"),
+    ("sampler.sync_check=off sampler.sync_check_tol=0.1",
+     "sampler.sync_check_tol=0.1 does nothing with sampler.sync_check=off"),
 ])
 def test_config_errors(bad, expected):
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.").replace("(", r"\(")):
-        compose(TINY + [bad])
+        compose(TINY + bad.split())
 
 
 def _break_in_process(monkeypatch):

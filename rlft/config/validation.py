@@ -331,6 +331,9 @@ def _check_sampler(cfg: Config) -> None:
         raise ConfigError(f"sampler.sync_check='{s.sync_check}'; valid choices: error, warn, off")
     if s.sync_check_tol is not None and not s.sync_check_tol > 0:
         raise ConfigError(f"sampler.sync_check_tol={s.sync_check_tol}; must be > 0 (null: by dtype)")
+    if s.sync_check_tol is not None and s.sync_check == "off":
+        raise ConfigError(f"sampler.sync_check_tol={s.sync_check_tol} does nothing with sampler.sync_check=off: "
+                          "drop one of them")
     name = resolve_sampler_name(s.name)
     key, off = _correction_key(a)
     if key and name != "vllm":
