@@ -6,7 +6,8 @@ never reached vLLM in async mode (verl #7495), unsloth-zoo loaded every layer bu
 sampler's weights are set (start-up, resume, each step's sync, ``rlft eval``), the sampler scores one
 short probe sequence (:meth:`rlft.samplers.base.Sampler.score`, its own weights and kernels) and
 the learner scores the same tokens; their log-probs must agree within a tolerance set by the
-dtypes. One ~30-token forward on each side: well under 2% of a step (scripts/bench_sync_check.py).
+dtypes. One ~30-token forward on each side: 1-2% of a default step on the CPU, measured by
+scripts/bench_sync_check.py (docs/implementation.md, "Sync check").
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
     try:
         with torch.no_grad(), policy.autocast():
             # One row: a whole-row forward is one decoder call, not the prompt pass and the completion
-            # pass (SmolLM2, 30 tokens: 0.19 s -> 0.11 s); equal values (tests/test_learner.py).
+            # pass (SmolLM2, 30 tokens: 0.19 s -> 0.12 s); equal values (tests/test_learner.py).
             logp, _ = token_logprobs(policy.model, batch, 1.0, whole_rows=True)
     finally:
         policy.model.train(training)

