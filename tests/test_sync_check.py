@@ -107,6 +107,43 @@ def test_honest_fp32_sync_passes_and_a_stale_one_does_not(fp32_hf):
     assert measure(check, sampler, policy)["sync/logp_abs_diff_max"] < 1e-5
 
 
+def test_the_sides_run_side_by_side_and_either_ones_failure_reaches_the_caller(fp32_hf, monkeypatch):
+    """The learner's pass runs in its own thread while the sampler scores in the caller's; an error on
+    either side is raised by measure (no thread left behind) and the thread count comes back."""
+    import threading
+
+    import rlft.sync_check as sync_check_mod
+
+    _, policy, sampler, check = fp32_hf
+    threads, where = torch.get_num_threads(), {}
+    real_learner, real_score = sync_check_mod.learner_logprobs, sampler.score
+
+    def learner(*args):
+        where["learner"] = (threading.get_ident(), torch.get_num_threads())
+        return real_learner(*args)
+
+    def score(*args):
+        where["sampler"] = threading.get_ident()
+        return real_score(*args)
+
+    monkeypatch.setattr(sync_check_mod, "learner_logprobs", learner)
+    monkeypatch.setattr(sampler, "score", score)
+    before = threading.active_count()
+    measure(check, sampler, policy)
+    assert where["sampler"] == threading.get_ident() and where["learner"][0] != threading.get_ident()
+    assert where["learner"][1] == 1  # the fresh thread took the check's one-thread setting
+
+    def broken(*_):
+        raise RuntimeError("side failed")
+
+    for side in ("learner", "sampler"):
+        monkeypatch.setattr(sync_check_mod, "learner_logprobs", broken if side == "learner" else learner)
+        monkeypatch.setattr(sampler, "score", broken if side == "sampler" else score)
+        with pytest.raises(RuntimeError, match="side failed"):
+            measure(check, sampler, policy)
+        assert threading.active_count() == before and torch.get_num_threads() == threads
+
+
 def test_a_sync_that_skips_one_projection_is_caught(fp32_hf, monkeypatch):
     _, policy, sampler, check = fp32_hf
     _break_in_process(monkeypatch)
