@@ -90,6 +90,7 @@ def test_pass_at_k_matches_enumeration():
         assert math.isclose(pass_at_k(n, c, k), brute, abs_tol=1e-12), (n, c, k)
 
 
+@pytest.mark.slow  # two CLI evaluations (~17 s)
 def test_eval_checkpoint_and_base(trained, tmp_path):
     out = tmp_path / "eval.json"
     r = run_cli(["eval", str(trained), "sampler.name=hf", "data.num_eval=12", "reward.fns=[tests.helpers:answer_is_even]",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from rlft import checkpoint as ckpt
 from rlft.models.precision import choose
 from tests.support import ROOT, TINY, run_cli
@@ -21,6 +23,7 @@ def test_auto_on_cpu_picks_the_faster_measured_dtype():
     assert "GEMM 512x256x512 on " in p.reason
 
 
+@pytest.mark.slow  # CLI runs and a resume (~16 s)
 def test_resume_trains_in_the_checkpoints_dtype(tmp_path):
     run = tmp_path / "run"
     args = ["train", *TINY, "model.dtype=auto", "trainer.steps=1", "data.num_eval=0", f"hydra.run.dir={run}"]
@@ -46,6 +49,7 @@ def test_auto_with_an_unreadable_config_json_is_one_line(tmp_path):
     assert f"model.path={tmp_path}" in r.stderr
 
 
+@pytest.mark.slow  # CLI runs and resumes (~18 s)
 def test_resume_accepts_auto_for_the_dtype_it_trained_in_and_refuses_another(tmp_path):
     run = tmp_path / "run"
     base = ["train", *TINY, "trainer.steps=1", "data.num_eval=0", f"hydra.run.dir={run}"]

@@ -110,6 +110,7 @@ def test_kill9_anywhere_then_resume_matches_uninterrupted_run(reference, tmp_pat
     _assert_same_run(reference, run)
 
 
+@pytest.mark.slow  # three CLI runs per algorithm (~24 s each); the kill -9 resume test stays in make test
 @pytest.mark.parametrize("algo", ["dapo", "ppo"])
 def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
     """DAPO draws a variable number of batches per step; PPO has a critic and both adapted coefficients
@@ -143,6 +144,7 @@ def test_resume_is_exact_with_algorithm_state(algo, tmp_path):
             assert len({m[key] for m in steps[1:]}) > 1, key
 
 
+@pytest.mark.slow  # five CLI runs (~25 s)
 def test_resume_guards_and_pruning(reference, tmp_path):
     run = tmp_path / "run"
     r = run_cli(["train", *RUN, "trainer.steps=3", "trainer.keep_last=2", f"hydra.run.dir={run}"], ROOT)

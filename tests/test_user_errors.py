@@ -101,6 +101,7 @@ def test_cli_train_bad_reward_entries(tmp_path):
     assert "'broken_rewards:f': importing broken_rewards raised SyntaxError" in line
 
 
+@pytest.mark.slow  # CLI runs (~15 s)
 def test_home_paths_expand_and_export_refuses_a_file(tiny_dir, tmp_path, monkeypatch):
     """`~` works unquoted in data.path, data.eval_path, model.path, hydra.run.dir and export's arguments."""
     from rlft.models.loading import cache_root

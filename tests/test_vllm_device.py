@@ -68,6 +68,7 @@ print("EXECUTOR", type(llm.llm_engine.engine_core.engine_core.model_executor).__
 """
 
 
+@pytest.mark.slow  # starts a vLLM engine (~14 s)
 def test_vllm_runs_an_engine_through_the_pinned_executor():
     """vLLM takes the executor class and samples with it (on the CPU: worker 0), in a process of its own
     (a second engine in the test process would share vLLM's globals with tests/test_vllm.py's)."""
