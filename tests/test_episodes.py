@@ -214,13 +214,13 @@ def test_environment_errors_end_the_run_in_one_line(tmp_path, eos_model):
 # Tools as the environment
 
 
-def _tool_env(*names: str):
+def _tool_env(*names: str, max_tool_calls: int = 3):
     from rlft.config.schemas import EpisodeConfig
     from rlft.episodes.tool_env import ToolEnv
     from rlft.tools.run import ToolRunner
     from rlft.tools.spec import load_tools
 
-    cfg = EpisodeConfig(tool_timeout_s=5.0)
+    cfg = EpisodeConfig(tool_timeout_s=5.0, max_tool_calls=max_tool_calls)
     return ToolEnv(ToolRunner(load_tools(list(names), cfg), cfg))
 
 
@@ -237,6 +237,24 @@ def test_tool_env_answers_calls_with_tool_messages_and_ends_on_a_plain_reply():
     assert env.step("The answer is 56088.") == Step(done=True, events={"tool_calls": 0})
 
 
+def test_calls_past_max_tool_calls_are_not_run_and_read_an_error():
+    calls = "".join(f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{n}*{n}"}}}}</tool_call>'
+                    for n in range(1, 6))
+    step = _tool_env("calculator", max_tool_calls=2).step(calls)
+    assert [m["content"] for m in step.messages[:2]] == ["1", "4"]  # the first two ran
+    assert [m["content"] for m in step.messages[2:]] == [
+        f"Error: call {n} of this reply was not run: only the first 2 tool calls of a reply are run; call it again "
+        "after reading these results" for n in (3, 4, 5)]
+    assert step.events["tool_calls"] == 5 and step.events["tool_errors"] == 3
+    assert step.events["tool_errors/too_many_calls"] == 3 and not step.done
+    # The default (1, as verl's max_parallel_calls): a malformed first call takes the one place.
+    one = _tool_env("calculator", max_tool_calls=1).step("<tool_call>oops</tool_call>" + calls)
+    assert one.messages[0]["content"].startswith("Error: malformed tool call: the call is not valid JSON")
+    assert one.messages[1]["content"].startswith("Error: call 2 of this reply was not run: ")
+    assert "only one tool call of a reply is run" in one.messages[1]["content"]
+    assert one.events["tool_errors/too_many_calls"] == 5 and one.events["tool_errors/malformed"] == 1
+
+
 def test_the_first_prompt_describes_the_tools_in_rlfts_format(tiny):
     from rlft.episodes.setup import EpisodeSetup
     from rlft.tools.spec import load_tools
@@ -246,6 +264,10 @@ def test_the_first_prompt_describes_the_tools_in_rlfts_format(tiny):
     setup = EpisodeSetup(None, "tools", Limits(2, 100), load_tools(["calculator"], cfg.episode))
     text = tok.decode(setup.prompt_ids(tok, Problem("What is 2 + 3?", "5"), cfg.data))
     assert text.startswith("<|im_start|>system\nBe brief.\n\nYou can call tools.") and '"calculator"' in text
+    assert "several calls in one reply" in text  # no cap given; a run's setup tells episode.max_tool_calls
+    capped = EpisodeSetup(None, "tools", Limits(2, 100), load_tools(["calculator"], cfg.episode), "rlft",
+                          cfg.episode.max_tool_calls)
+    assert "write one call per reply" in tok.decode(capped.prompt_ids(tok, Problem("What is 2 + 3?", "5"), cfg.data))
     assert text.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
 
 

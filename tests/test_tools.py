@@ -94,6 +94,7 @@ def test_check_tools_imports_nothing_and_check_episode_ranges():
     for field, value, message in [("tool_timeout_s", 0.0, "episode.tool_timeout_s=0.0 must be > 0"),
                                   ("max_turns", 0, "episode.max_turns=0 must be at least 1"),
                                   ("python_memory_mb", 8, "episode.python_memory_mb=8 must be at least 32"),
+                                  ("max_tool_calls", 0, "episode.max_tool_calls=0 must be at least 1"),
                                   ("tool_format", "xml", "episode.tool_format='xml'; valid choices: auto, template, rlft")]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             check_episode(EpisodeConfig(**{field: value}))
@@ -133,6 +134,8 @@ def test_system_prompt_lists_the_schemas_and_the_call_format():
     assert '{"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic' in text
     assert '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>' in text
     assert "answer without a tool call" in text
+    assert "write one call per reply" in system_prompt(tools, max_calls=1)
+    assert "you may write up to 3 calls in one reply" in system_prompt(tools, max_calls=3)
 
 
 _TOOLS_TEMPLATE = (
@@ -281,7 +284,7 @@ def test_user_tools_that_fail_become_error_messages():
         assert contents[12] == "Error: calculator raised ZeroDivisionError: division by zero"
         assert contents[13] == "5.0"
         assert count_errors(results) == {"malformed": 1, "unknown_tool": 1, "bad_arguments": 3, "raised": 3,
-                                         "timeout": 1, "died": 1, "not_a_string": 1}
+                                         "timeout": 1, "died": 1, "not_a_string": 1, "too_many_calls": 0}
         assert list(count_errors([])) == list(ERRORS)
         # The runner goes on after all that.
         assert runner.run([_call("multiply", a=4, b=0.5)]) == [ToolResult("multiply", "2.0", None)]

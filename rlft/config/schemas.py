@@ -556,6 +556,10 @@ class EpisodeConfig:
     """How the tools are shown to the policy and its calls read: template (the tokenizer's chat template
     renders them, tools=), rlft (rlft's system prompt with <tool_call>{json}</tool_call> calls: see
     docs/usage.md), or auto (template when the chat template takes tools, else rlft)."""
+    max_tool_calls: int = knob(1, EPISODES)
+    """Tool calls of one reply that are run, at most (>= 1); the policy reads an error for each call after them
+    (too_many_calls). The default is verl's multi-turn max_parallel_calls (1, in verl/trainer/config/rollout/
+    rollout.yaml), which drops the extra calls unanswered instead."""
 
 
 @dataclass

@@ -34,6 +34,8 @@ class EpisodeSetup:
     tool_format: str = "auto"
     """How the first prompt shows the tools: template (the chat template's tools=), rlft (a system prompt),
     auto (template when the chat template takes tools)."""
+    max_tool_calls: int | None = None
+    """The calls of one reply that are run (episode.max_tool_calls), told in rlft's system prompt; None: no cap."""
 
     def make(self, problem: Problem) -> Any:
         return self.env_class(problem)
@@ -54,7 +56,7 @@ class EpisodeSetup:
                                                  add_generation_prompt=True)
         else:
             own = messages.pop(0)["content"] if messages[0]["role"] == "system" else data_cfg.system_prompt
-            messages.insert(0, {"role": "system", "content": system_prompt(self.tools, own)})
+            messages.insert(0, {"role": "system", "content": system_prompt(self.tools, own, self.max_tool_calls)})
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -81,5 +83,5 @@ def episode_setup(cfg: Config) -> EpisodeSetup | None:
     tools = load_tools(cfg.tools, e)
     runner = ToolRunner(tools, e)
     atexit.register(runner.close)
-    return EpisodeSetup(lambda problem: ToolEnv(runner), "tools", limits, tools, e.tool_format)
+    return EpisodeSetup(lambda problem: ToolEnv(runner), "tools", limits, tools, e.tool_format, e.max_tool_calls)
 

@@ -18,7 +18,7 @@ class ToolEnv:
         calls = parse_tool_calls(reply)
         if not calls:  # the count is logged even when no episode calls (episode/tool_calls 0)
             return Step(done=True, events={"tool_calls": 0})
-        results = self.runner.run(calls)
+        results = self.runner.run_reply(calls)  # calls past episode.max_tool_calls read an error
         errors = count_errors(results)
         events = {"tool_calls": len(calls), "tool_errors": sum(errors.values()),
                   **{f"tool_errors/{kind}": n for kind, n in errors.items()}}

@@ -45,7 +45,8 @@ def check_episode(cfg: EpisodeConfig) -> None:
         ConfigError: naming the field and its valid range.
     """
     for key, value, low in [("max_turns", cfg.max_turns, 1), ("max_tokens", cfg.max_tokens, 0),
-                            ("tool_output_chars", cfg.tool_output_chars, 1), ("python_memory_mb", cfg.python_memory_mb, 32)]:
+                            ("tool_output_chars", cfg.tool_output_chars, 1), ("python_memory_mb", cfg.python_memory_mb, 32),
+                            ("max_tool_calls", cfg.max_tool_calls, 1)]:
         if value < low:
             raise ConfigError(f"episode.{key}={value} must be at least {low}")
     if not cfg.tool_timeout_s > 0:

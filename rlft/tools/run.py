@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rlft.config.schemas import EpisodeConfig
     from rlft.tools.spec import Tool
 
-ERRORS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "died", "not_a_string")
+ERRORS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "died", "not_a_string", "too_many_calls")
 """Error categories of a ToolResult, in the order metrics list them."""
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -94,6 +94,14 @@ class ToolRunner:
             for i, future in zip(builtin, futures):
                 results[i] = self._result(calls[i].name, future.result())
         return [r for r in results if r is not None]
+
+    def run_reply(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """One result per call of one reply: the first ``episode.max_tool_calls`` are run (run()), each call
+        after them reads a too_many_calls error instead (a reply full of hanging calls would cost a timeout
+        each)."""
+        cap = self.cfg.max_tool_calls
+        extra = [self._error(c.name, "too_many_calls", _too_many(i, cap)) for i, c in enumerate(calls[cap:], cap + 1)]
+        return self.run(calls[:cap]) + extra
 
     def close(self) -> None:
         """Stop the threads (worker processes live only while run() runs)."""
@@ -176,6 +184,12 @@ def bad_arguments(tool: Tool, arguments: dict[str, Any]) -> str | None:
                    and isinstance(value, bool)) for k in kinds):
             return f"'{key}' must be {' or '.join(kinds)}, not {type(value).__name__} {value!r:.60}"
     return None
+
+
+def _too_many(index: int, cap: int) -> str:
+    """What the policy reads for call ``index`` (from 1) of a reply whose first ``cap`` calls ran."""
+    ran = "only one tool call of a reply is run" if cap == 1 else f"only the first {cap} tool calls of a reply are run"
+    return f"call {index} of this reply was not run: {ran}; call it again after reading these results"
 
 
 def _text_or_not(value: Any) -> Any:
