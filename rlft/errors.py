@@ -134,6 +134,13 @@ class ToolTimeout(Exception):
     """A built-in tool stopped its work at the time limit; the message says so for the policy."""
 
 
+# Internal: rlft.tools.format's reader (a value json reads but a tool call may not hold becomes an Error: message).
+
+
+class RefusedValue(ValueError):
+    """A value json reads but a call may not hold (4301 digits, NaN, a key twice); the message says why, for the policy."""
+
+
 # Internal: rlft.rewards.countdown's parser (a completion that is no arithmetic scores 0).
 
 

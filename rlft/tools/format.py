@@ -17,6 +17,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from rlft.errors import RefusedValue
+
 if TYPE_CHECKING:
     from rlft.tools.spec import Tool
 
@@ -75,10 +77,6 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-class _Refused(Exception):
-    """A value json reads but a call may not hold; the message says why, for the policy."""
-
-
 def _parse_one(body: str) -> ToolCall:
     if _too_deep(body):  # before json, which would recurse through every level
         return ToolCall("", {}, f"the call nests arrays and objects more than {MAX_DEPTH} levels deep")
@@ -86,7 +84,7 @@ def _parse_one(body: str) -> ToolCall:
         call = json.loads(body, strict=False,  # strict=False: a raw newline inside a string (code) is accepted
                           parse_int=_read_int, parse_float=_read_float, parse_constant=_refuse_constant,
                           object_pairs_hook=_read_object)
-    except _Refused as e:
+    except RefusedValue as e:
         return ToolCall("", {}, str(e))
     except json.JSONDecodeError as e:
         return ToolCall("", {}, f"the call is not valid JSON ({e})")
@@ -129,19 +127,19 @@ def _too_deep(body: str) -> bool:
 def _read_int(text: str) -> int:
     digits = len(text) - text.startswith("-")
     if digits > MAX_INT_DIGITS:
-        raise _Refused(f"the call holds an integer of {digits} digits; at most {MAX_INT_DIGITS} are read")
+        raise RefusedValue(f"the call holds an integer of {digits} digits; at most {MAX_INT_DIGITS} are read")
     return int(text)
 
 
 def _read_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e999 reads as inf, which JSON cannot write back
-        raise _Refused(f"the number {text:.40} is out of range: numbers must be finite")
+        raise RefusedValue(f"the number {text:.40} is out of range: numbers must be finite")
     return value
 
 
 def _refuse_constant(name: str) -> Any:
-    raise _Refused(f"{name} is not JSON: numbers must be finite")
+    raise RefusedValue(f"{name} is not JSON: numbers must be finite")
 
 
 def _read_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -149,7 +147,7 @@ def _read_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _Refused(f"the key {key!r:.60} appears twice in one object")
+            raise RefusedValue(f"the key {key!r:.60} appears twice in one object")
         out[key] = value
     return out
 
