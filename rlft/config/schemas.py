@@ -551,7 +551,16 @@ class EpisodeConfig:
     tool_output_chars: int = knob(2000, EPISODES)
     """A tool result longer than this many characters is cut to them (the policy reads a note saying so)."""
     python_memory_mb: int = knob(1024, EPISODES)
-    """Address-space limit of the built-in python tool's process."""
+    """Memory limit of the built-in python tool: of each of its processes (address space), and of all of them
+    together where a cgroup can be made (python_sandbox=bwrap as root, or a delegated cgroup v2; its /tmp
+    files count); docs/usage.md#the-python-sandbox."""
+    python_sandbox: str = knob("bwrap", EPISODES)
+    """Where the python tool runs the policy's code: bwrap (namespaces: no view of your files, the trainer's
+    processes or the network; the run stops at start-up when it cannot start here) or process (a process of
+    your user under limits only: it can read and write what you can). docs/usage.md#the-python-sandbox."""
+    python_max_procs: int = knob(16, EPISODES)
+    """Processes and threads of one python tool call at most, all together (python_sandbox=bwrap: its cgroup's
+    pids limit, else RLIMIT_NPROC in its own user namespace)."""
     tool_format: str = knob("auto", EPISODES)
     """How the tools are shown to the policy and its calls read: template (the tokenizer's chat template
     renders them, tools=), rlft (rlft's system prompt with <tool_call>{json}</tool_call> calls: see

@@ -8,6 +8,7 @@ Both are rlft's own code, bounded in time by themselves: the tool runner calls t
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 import operator
 import os
@@ -18,10 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rlft.errors import ToolTimeout, how_it_ended
+from rlft.tools import sandbox
 
 if TYPE_CHECKING:
     from rlft.config.schemas import EpisodeConfig
@@ -96,19 +98,38 @@ def _check_size(op: ast.operator, left: int | float, right: int | float) -> None
 _OUTPUT_FILE_BYTES = 4 * 2**20
 """RLIMIT_FSIZE of the python tool: any file it writes (its output included) stops growing here."""
 
-# Runs first in the child: sets the limits, then replaces itself with a fresh isolated interpreter that reads
+# Runs first in the child (inside the sandbox): raises its OOM score (the kernel's OOM killer takes it before
+# the trainer; children inherit it and cannot lower it), leaves root for uid ``drop`` (a root trainer's
+# sandbox), sets the limits (-1: unchanged), then replaces itself with a fresh isolated interpreter that reads
 # the policy's code from stdin, unbuffered (-u: prints and tracebacks reach the shared output file in order).
 # No preexec_fn: that is unsafe in a process with threads (the trainer's).
 _BOOTSTRAP = """import os, resource, sys
-for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE"), sys.argv[1:]):
-    resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+except OSError:
+    pass
+drop = int(sys.argv[1])
+if drop and os.getuid() == 0:
+    os.setgroups([])
+    os.setresgid(drop, drop, drop)
+    os.setresuid(drop, drop, drop)
+for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC"), map(int, sys.argv[2:])):
+    if value >= 0:
+        resource.setrlimit(getattr(resource, name), (value, value))
 os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 """
 
 
 def python_tool(cfg: EpisodeConfig) -> Callable[[str], str]:
-    """The ``python`` tool under ``cfg``'s limits (``tool_timeout_s``, ``python_memory_mb``, ``tool_output_chars``)."""
-    limits = [cfg.python_memory_mb * 2**20, math.ceil(cfg.tool_timeout_s) + 1, _OUTPUT_FILE_BYTES, 0]
+    """The ``python`` tool under ``cfg``'s limits (``tool_timeout_s``, ``python_memory_mb``, ``python_max_procs``,
+    ``tool_output_chars``) in its sandbox (``python_sandbox``; checked here: ConfigError when it cannot start)."""
+    sandboxed = cfg.python_sandbox == "bwrap"
+    if sandboxed:
+        sandbox.check_sandbox()
+    sandbox.harden_trainer()
+    limits = [cfg.python_memory_mb * 2**20, math.ceil(cfg.tool_timeout_s) + 1, _OUTPUT_FILE_BYTES, 0,
+              cfg.python_max_procs if sandboxed else -1]
 
     def python(code: str) -> str:
         """Run a Python program in a fresh interpreter and return what it printed (stdout and stderr).
@@ -116,35 +137,32 @@ def python_tool(cfg: EpisodeConfig) -> Callable[[str], str]:
         Args:
             code: The program; print() the values you want to see.
         """
-        return run_python(code, limits, cfg.tool_timeout_s, cfg.tool_output_chars)
+        return run_python(code, limits, cfg.tool_timeout_s, cfg.tool_output_chars, sandboxed)
 
     return python
 
 
-def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int) -> str:
-    """Run ``code`` with this venv's python in isolated mode, in its own session, temporary directory and
-    scrubbed environment, under ``limits`` (RLIMIT_AS, _CPU, _FSIZE, _CORE); kill its whole process group
+def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int, sandboxed: bool = True) -> str:
+    """Run ``code`` with this venv's python in isolated mode, in a bwrap sandbox (``sandboxed``,
+    rlft.tools.sandbox) or in a session and temporary directory of its own with a scrubbed environment,
+    under ``limits`` (RLIMIT_AS, _CPU, _FSIZE, _CORE, _NPROC; -1: unchanged); kill everything it started
     when it ends or at ``timeout_s``.
 
     Raises:
         ToolTimeout: it ran past ``timeout_s`` (the message holds its output so far).
     """
-    workdir = tempfile.mkdtemp(prefix="rlft-python-")
+    workdir = None if sandboxed else tempfile.mkdtemp(prefix="rlft-python-")
     try:
         with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as output:
             source.write(code.encode("utf-8", "surrogatepass"))
             source.seek(0)
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *map(str, limits)], stdin=source, stdout=output,
-                stderr=subprocess.STDOUT, cwd=workdir, env=_scrubbed_env(workdir), start_new_session=True)
-            try:
+            boot = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(sandbox.NOBODY if sandboxed else 0), *map(str, limits)]
+            with _started(boot, limits, source, output, workdir) as proc:
                 finished = _wait_exit(proc.pid, timeout_s)
-            finally:
-                _kill_group(proc.pid)
-                proc.wait()
             text = _read(output, output_chars)
     finally:
-        _remove(workdir)
+        if workdir is not None:
+            _remove(workdir)
     if not finished:
         so_far = f"; its output so far:\n{text}" if text else " (no output)"
         raise ToolTimeout(f"python did not finish within {timeout_s:g} s and was killed{so_far}")
@@ -153,12 +171,22 @@ def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int
     return text or "[no output: print() the values you want to see]"
 
 
-def _scrubbed_env(workdir: str) -> dict[str, str]:
-    """Nothing of the trainer's environment (tokens, paths): a search path, a locale, home in the workdir, and
-    one thread for the math libraries (numpy, torch), so that one call uses one core, as RLIMIT_CPU assumes."""
-    one_thread = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
-    return {"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
-            "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, **one_thread}
+@contextlib.contextmanager
+def _started(boot: list[str], limits: list[int], source: Any, output: Any, workdir: str | None
+             ) -> Iterator[subprocess.Popen]:
+    """The program's process (bwrap's, when ``workdir`` is None: rlft.tools.sandbox.started), started; on
+    leaving, everything it started is killed and it is reaped."""
+    io: dict[str, Any] = {"stdin": source, "stdout": output, "stderr": subprocess.STDOUT}
+    if workdir is None:
+        with sandbox.started(boot, memory_bytes=limits[0], max_procs=limits[4], **io) as proc:
+            yield proc
+        return
+    proc = subprocess.Popen(boot, cwd=workdir, env=sandbox.sandbox_env(workdir), start_new_session=True, **io)
+    try:
+        yield proc
+    finally:
+        _kill_group(proc.pid)
+        proc.wait()
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:

