@@ -117,7 +117,7 @@ def trl_runner(a: argparse.Namespace) -> None:
     from trl.trainer.reward_trainer import DataCollatorForPreference
 
     from rlft.config.loading import compose
-    from rlft.data.chat import conversation_ids
+    from rlft.data.conversation import conversation_ids
     from rlft.models.loading import load_base, quiet_libraries
     from rlft.rm.command import RM_SCHEMA
     from rlft.rm.data import load_pairs

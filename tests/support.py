@@ -102,10 +102,10 @@ def write_eos_model(path, eos_logit: float = 12.0) -> None:
     tok.save_pretrained(path)
 
 
-def write_reward_model(path, num_labels: int = 1, pad_token: bool = True, seed: int = 0) -> None:
-    """A tiny random-weight ``LlamaForSequenceClassification`` (the tiny model's shape and tokenizer) saved
-    as a local HF directory: a reward model for tests. ``pad_token=False``: its tokenizer and config have
-    no pad token (rlft then pads with EOS)."""
+def write_reward_model(path, num_labels: int = 1, pad_token: bool = True, seed: int = 0, tokenizer=None) -> None:
+    """A tiny random-weight ``LlamaForSequenceClassification`` (the tiny model's shape and tokenizer, or
+    ``tokenizer``) saved as a local HF directory: a reward model for tests. ``pad_token=False``: its
+    tokenizer and config have no pad token (rlft then pads with EOS)."""
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
@@ -113,7 +113,7 @@ def write_reward_model(path, num_labels: int = 1, pad_token: bool = True, seed: 
     from rlft.models.loading import load_tokenizer
 
     cfg, _, _ = compose(TINY)
-    tok, t = load_tokenizer(cfg.model), cfg.model.tiny
+    tok, t = tokenizer or load_tokenizer(cfg.model), cfg.model.tiny
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
         num_hidden_layers=t.num_layers, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,

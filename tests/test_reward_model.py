@@ -266,7 +266,8 @@ def test_cli_cfg_job_prints_the_rm_config(tmp_path):
 
 
 def test_conversation_ids_extend_the_prompt_with_the_reply():
-    from rlft.data.chat import conversation_ids, prompt_ids
+    from rlft.data.chat import prompt_ids
+    from rlft.data.conversation import conversation_ids
     from rlft.models.loading import load_tokenizer
 
     cfg, _ = rm_compose("model=tiny", "data.path=p.jsonl")
@@ -279,6 +280,54 @@ def test_conversation_ids_extend_the_prompt_with_the_reply():
     assert conversation_ids(tok, "Q: 2+3\nA:", " 5", chat_template=False) == tok("Q: 2+3\nA: 5")["input_ids"]
     with pytest.raises(DataError, match="chat messages"):
         conversation_ids(tok, "Q", [{"role": "assistant", "content": "5"}], chat_template=False)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_export_records_its_rendering_and_reward_models_score_by_it(tmp_path, chat):
+    """Issue 34, items 6-7: the export says how pairs were rendered (chat template, system prompt, max_length);
+    reward.models reads every pair as training did, cut the same way (the whole prompt, the reply's end), and
+    a pair whose prompt leaves no room is dropped in training and unscored in scoring; config fields win."""
+    from rlft.config.schemas import RewardModelConfig
+    from rlft.data.conversation import RECORD, Rendering, conversation_ids, read_rendering
+    from rlft.rewards.models import RewardModel
+    from rlft.rewards.registry import Sample
+    from rlft.rm.data import Pair, encode_pairs, rendering
+    from rlft.rm.model import build_reward_model, save_reward_model
+
+    system = ["data.system_prompt=Grade kindly."] if chat else []
+    cfg, _ = rm_compose("model=tiny", "model.dtype=fp32", "data.path=p.jsonl", f"data.chat_template={chat}",
+                        "data.max_length=40", *system)
+    rm = build_reward_model(cfg.model, 0, torch.device("cpu"))
+    out = save_reward_model(rm, tmp_path / "out", rendering(cfg.data, rm.tokenizer))
+    record = Rendering(chat, "Grade kindly." if chat else None, 40)
+    assert read_rendering(out) == record and json.loads((out / RECORD).read_text())["chat_template"] is chat
+    pairs = [Pair("a", "Q: 2+3\nA:", " 5", " 6"),
+             Pair("b", "Q: 2+3\nA:", " first" * 60 + " so 5", " 6"),  # the chosen reply is cut
+             Pair("c", "Q: " + " +".join(map(str, range(40))) + "\nA:", " 5", " 6")]  # no room: dropped
+    encoded, dropped = encode_pairs(pairs, rm.tokenizer, cfg.data)
+    assert dropped == 1 and [e.cut for e in encoded] == [False, True] and len(encoded[1].chosen) == 40
+    scorer = RewardModel(RewardModelConfig(path=str(out)), torch.device("cpu"), "fp32")
+    assert scorer.rendering == record
+    for p, e in zip(pairs, encoded):
+        assert scorer.fit(Sample(p.prompt, p.chosen, "", 1, False)).ids == e.chosen
+        assert scorer.fit(Sample(p.prompt, p.rejected, "", 1, False)).ids == e.rejected
+    assert math.isnan(scorer.score([Sample(pairs[2].prompt, " 5", "", 1, False)])[0])
+    assert scorer.take_counts() == {"truncated": 0, "too_long": 1}
+    told = RewardModel(RewardModelConfig(path=str(out), chat_template=not chat, system_prompt="", max_length=4096),
+                       torch.device("cpu"), "fp32")
+    assert told.rendering == Rendering(not chat, None, 4096)
+    assert told.render(Sample(pairs[1].prompt, pairs[1].chosen, "", 1, False)) == conversation_ids(
+        rm.tokenizer, pairs[1].prompt, pairs[1].chosen, chat_template=not chat)
+
+
+def test_a_record_that_cannot_be_read_is_one_line(tmp_path):
+    from rlft.data.conversation import RECORD, read_rendering
+    from rlft.errors import ModelError
+
+    assert read_rendering(tmp_path) is None  # no record: a model from TRL, scored with the defaults
+    (tmp_path / RECORD).write_text('{"chat_template": true}')
+    with pytest.raises(ModelError, match=f"{RECORD}: not a readable rendering record .*KeyError"):
+        read_rendering(tmp_path)
 
 
 def test_full_finetuning_of_a_local_causal_lm_without_pad_token(tmp_path):

@@ -12,6 +12,8 @@ import torch
 
 from rlft.config import ConfigError, compose
 from rlft.config.schemas import RewardModelConfig
+from rlft.data.chat import prompt_ids
+from rlft.data.conversation import Rendering
 from rlft.models import ModelError
 from rlft.rewards.models import RewardModel, check_reward_model
 from rlft.rewards.normalize import EPS, RunningMoments, shape_rewards
@@ -34,15 +36,16 @@ def _rm(path, **kw) -> RewardModel:
     return RewardModel(RewardModelConfig(path=str(path), **kw), CPU, "fp32")
 
 
-def _by_hand(rm: RewardModel, s: Sample, max_length: int | None = None) -> float:
+def _by_hand(rm: RewardModel, s: Sample) -> float:
     """Tokenize as the model's own chat template renders the conversation, forward it alone, read the
     logit at the last token (no padding: nothing else to skip)."""
     tok = rm.tokenizer
     convo = s.messages or [{"role": "user", "content": s.prompt}]
     text = tok.apply_chat_template([*convo, {"role": "assistant", "content": s.completion}], tokenize=False)
-    ids = tok(text, add_special_tokens=False).input_ids
-    if max_length:
-        ids = ids[-max_length:]
+    return _forward_alone(rm, tok(text, add_special_tokens=False).input_ids)
+
+
+def _forward_alone(rm: RewardModel, ids: list[int]) -> float:
     with torch.no_grad():
         return float(rm.model(input_ids=torch.tensor([ids])).logits[0, 0])
 
@@ -53,19 +56,42 @@ def test_scores_match_the_model_called_by_hand(reward_model_dir):
     want = [_by_hand(rm, s) for s in SAMPLES]
     assert np.allclose(got, want, atol=1e-5), (got, want)
     assert len(set(np.round(got, 4))) == len(SAMPLES), "a random head should tell these replies apart"
-    assert rm.take_counts() == {"truncated": 0}
+    assert rm.take_counts() == {"truncated": 0, "too_long": 0}
     assert "system" in rm.tokenizer.apply_chat_template(SAMPLES[3].messages, tokenize=False)  # messages are used
+    assert rm.rendering == Rendering()  # no rlft_rendering.json: the defaults, as for a model from TRL
 
 
-def test_max_length_keeps_the_end_and_counts_the_cut(reward_model_dir):
-    full = _rm(reward_model_dir)
-    lengths = [len(full.render(s)) for s in SAMPLES]
-    cut = sorted(lengths)[2]  # the two shortest fit, the others are cut
-    rm = _rm(reward_model_dir, max_length=cut, batch_size=16)
-    got = rm.score(SAMPLES)
-    assert np.allclose(got, [_by_hand(rm, s, cut) for s in SAMPLES], atol=1e-5)
-    assert rm.take_counts() == {"truncated": sum(n > cut for n in lengths)}
-    assert rm.take_counts() == {"truncated": 0}  # counts are per call of take_counts
+def test_max_length_keeps_the_prompt_and_the_reply_end(reward_model_dir):
+    """Over max_length: the whole prompt part (chat header included) and the reply's last tokens, its
+    beginning cut; a prompt that leaves no room for the reply is unscored (NaN) and counted."""
+    rm = _rm(reward_model_dir)
+    tok = rm.tokenizer
+    long_reply = Sample("What is 2 + 3?", " ".join(["first"] * 40) + " so the answer is 5", "5", 50, False)
+    long_prompt = Sample("Add these: " + " + ".join(map(str, range(60))), "1770", "1770", 2, False)
+    short = SAMPLES[0]
+    head = prompt_ids(tok, long_reply.prompt)  # the prompt as the policy saw it, up to the assistant header
+    full = rm.render(long_reply)
+    assert full[: len(head)] == head and len(full) > len(head) + 12
+    cut = len(head) + 12
+    assert len(rm.render(short)) <= cut < len(prompt_ids(tok, long_prompt.prompt))
+    rm = _rm(reward_model_dir, max_length=cut, batch_size=2)
+    kept = rm.fit(long_reply).ids
+    assert kept == head + full[-12:] and len(kept) == cut
+    assert tok.decode(kept[len(head):]) == " first" * 4 + " so the answer is 5<|im_end|>\n"  # the reply's end
+    got = rm.score([long_reply, long_prompt, short])
+    assert got[0] == pytest.approx(_forward_alone(rm, kept), abs=1e-5)
+    assert math.isnan(got[1])
+    assert got[2] == pytest.approx(_by_hand(rm, short), abs=1e-5)
+    assert rm.take_counts() == {"truncated": 1, "too_long": 1}
+    assert rm.take_counts() == {"truncated": 0, "too_long": 0}  # counts are per call of take_counts
+
+
+def test_the_unscored_reply_leaves_the_total_to_the_other_scorers(reward_model_dir):
+    rm = _rm(reward_model_dir, max_length=8)  # no prompt fits: every reply unscored by the model
+    out = score_all([FunctionScorer("tests.helpers:char_count", 1.0, 32), rm], SAMPLES[:2])
+    assert [math.isnan(x) for x in out.per_name[rm.name]] == [True, True]
+    assert out.totals == pytest.approx(out.per_name["tests.helpers:char_count"])
+    assert out.counts == {f"{rm.name}/truncated": 0, f"{rm.name}/too_long": 2}
 
 
 def test_no_chat_template_scores_prompt_plus_completion(tmp_path):
@@ -102,7 +128,7 @@ def test_weighted_mix_with_reward_functions_by_hand(reward_model_dir):
     assert np.allclose(out.totals, want, atol=1e-6)
     assert np.allclose(out.per_name["model"], [0.5 * x for x in r], atol=1e-6)
     assert out.per_name["gold"] == [1.0, 1.0, 0.0]
-    assert out.counts == {"rm/truncated": 0}
+    assert out.counts == {"rm/truncated": 0, "rm/too_long": 0}
     only_none = score_all([odd], SAMPLES[:1])
     assert math.isnan(only_none.totals[0])  # nothing scored it: unscored
 

@@ -59,8 +59,9 @@ class PairsConfig:
     chat_template: bool = knob(True, PAIRS)
     """Render prompt + reply with the tokenizer's chat template (false: prompt text + reply text)."""
     max_length: int = knob(1024, PAIRS)
-    """Drop (never truncate: the score is read at the last token) pairs whose chosen or rejected sequence
-    is longer than this many tokens; counted in the log (0: no limit)."""
+    """Longest sequence in tokens (0: no limit). A longer one keeps its whole prompt and its reply's end,
+    where the score is read, its reply's beginning cut, as reward.models scores; a pair whose prompt
+    leaves no room for the replies is dropped. Both counted in the log."""
 
 
 @dataclass
@@ -88,7 +89,9 @@ class RMTrainerConfig:
     none); a path continues from that checkpoint (or the newest one in that run directory)."""
     export: bool = knob(True, (HARMLESS, "what is written at the end, not what is trained"))
     """At the end, write the trained reward model as a Hugging Face sequence-classification directory
-    (LoRA merged) with its tokenizer, in RUN_DIR/reward_model (also: rlft rm-export CHECKPOINT OUT)."""
+    (LoRA merged) with its tokenizer and the record of how pairs were rendered (rlft_rendering.json: chat
+    template, system prompt, max_length; reward.models scores by it), in RUN_DIR/reward_model (also: rlft
+    export CHECKPOINT OUT)."""
     threads: int = knob(0, (NUMERICS, "float rounding of CPU kernels that split work by thread"))
     """torch intra-op threads (0: torch's default)."""
     device: str = knob("auto", (NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)"))

@@ -316,16 +316,25 @@ class RewardModelConfig:
 
     path: str = ""
     """Local Hugging Face sequence-classification directory (one label), e.g. from TRL's RewardTrainer or `rlft rm`;
-    its own tokenizer and chat template render each reply as [user: prompt, assistant: completion]."""
+    its own tokenizer and chat template render each reply as [user: prompt, assistant: completion], the way
+    its rlft_rendering.json says `rlft rm` trained it (chat template, system prompt, max_length), else the
+    defaults below."""
     weight: float = 1.0
     """Its weight in the reward's weighted sum (with reward.fns' weights)."""
     name: str | None = None
     """Its metric, reward/<name> (None: the directory's name)."""
     batch_size: int = 16
     """Replies scored per forward pass (sorted by length, so a batch holds similar lengths)."""
-    max_length: int = 1024
-    """Longest rendered prompt + reply it reads, in its tokens; a longer one keeps its last max_length tokens
-    (where the score is read), counted in reward/<name>/truncated_frac."""
+    max_length: int | None = None
+    """Longest rendered prompt + reply it reads, in its tokens (None: the record's, else 1024). A longer one keeps
+    its whole prompt and its reply's end (where the score is read), the reply's beginning cut: counted in
+    reward/<name>/truncated_frac; when even the prompt leaves no room, the reply is unscored (NaN) and counted
+    in reward/<name>/too_long_frac."""
+    chat_template: bool | None = None
+    """Render through its chat template (None: as the record says, else when it has one; false: prompt text +
+    reply text)."""
+    system_prompt: str | None = None
+    """System message before the prompt (None: the record's, else none; '': none)."""
     dtype: str = "auto"
     """Weights and compute dtype: bf16, fp32, or auto (the learner's compute dtype, model.dtype as resolved)."""
 
@@ -348,8 +357,10 @@ class JudgeConfig:
     template: str | None = knob(None, REWARD)
     """The rubric, sent as one user turn through the judge's chat template: str.format placeholders
     {prompt}, {reply} (required) and {answer}; literal braces doubled. None: the built-in rubric of
-    ``kind`` (rlft.rewards.rubric.DEFAULT_TEMPLATES: a short reason, then "Score: N" or the verdict
-    word on the last line)."""
+    ``kind`` (rlft.rewards.rubric.DEFAULT_TEMPLATES: the task, reference and reply between tags, then a
+    short reason and the score in ``score_format`` or the verdict word on the last line). The
+    fields' text is the data's and the policy's: special-token strings in it stay text, and tags
+    <name>/</name> that the template writes are broken inside it (a reply cannot close its tag)."""
     kind: str = knob("score", REWARD)
     """score: the reply gives a number in [min_score, max_score], rescaled to [0, 1]; verdict: the reply
     gives one of the ``verdicts`` words, worth its value."""
@@ -357,10 +368,14 @@ class JudgeConfig:
     """kind=score: the lowest score the rubric allows (maps to 0)."""
     max_score: float = knob(10.0, REWARD)
     """kind=score: the highest score the rubric allows (maps to 1)."""
+    score_format: str = knob("label", REWARD)
+    """kind=score: what the judge's last non-empty line must end with (nothing else is read; without
+    it the reply is unscored): label (Score: N), brackets ([[N]]), or number (any number, the loosest:
+    it may read a number the judge quotes). N may be a fraction N/D of the scale (Score: 8/10)."""
     # None, not a default dict: OmegaConf would merge a user's {yes: 1, no: 0} into it.
     verdicts: dict[str, float] | None = knob(None, REWARD)
     """kind=verdict: each verdict word (a whole word, any case) and its score, e.g. {yes: 1, no: 0}
-    (None: {correct: 1, incorrect: 0})."""
+    (None: {correct: 1, incorrect: 0}); the last one on the judge's last non-empty line counts."""
     weight: float = knob(1.0, REWARD)
     """Weight of its score in the reward's weighted sum (with reward.weights)."""
     max_new_tokens: int = knob(64, REWARD)

@@ -165,7 +165,7 @@ def _check_reward_models(cfg: Config) -> None:
             raise ConfigError(f"{where} has no path: give {{path: DIR}} (a sequence-classification model directory)")
         if m.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"{where}.dtype='{m.dtype}'; valid choices: auto, bf16, fp32")
-        if m.batch_size < 1 or m.max_length < 1:
+        if m.batch_size < 1 or (m.max_length is not None and m.max_length < 1):
             raise ConfigError(f"{where}: batch_size={m.batch_size} and max_length={m.max_length} must be at least 1")
         if not math.isfinite(m.weight):
             raise ConfigError(f"{where}.weight={m.weight} must be a finite number")

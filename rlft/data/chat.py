@@ -3,10 +3,12 @@ sampler's engine can complete (sampler.vllm.max_model_len)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlft.config.validation import resolve_sampler_name
 from rlft.data.problem import Problem
+from rlft.data.safe_tokens import contents_of, holds_special, render_ids, with_contents
 from rlft.data.tasks import Task, rows_task
 from rlft.errors import DataError
 
@@ -23,14 +25,23 @@ def prompt_ids(tokenizer: Any, prompt: Prompt, system_prompt: str | None = None,
 
     With ``chat_template`` (the default) and a tokenizer that has a chat template: a string prompt is
     one user turn, a message list is used as given; ``system_prompt`` (None: the template's default)
-    comes first as a system message. Otherwise the raw text, ``tokenizer(prompt)``.
+    comes first as a system message. Otherwise the raw text, ``tokenizer(prompt)``. The prompt's text
+    is data: a special-token string inside it stays text (rlft.data.safe_tokens).
 
     Raises:
         DataError: a message list without a chat template to render it, or a message list that begins
             with a system message while ``system_prompt`` is given.
     """
-    text, special = _render(tokenizer, prompt, system_prompt, chat_template)
-    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+    return filled_prompt_ids(tokenizer, lambda c: with_contents(prompt, c), contents_of(prompt), system_prompt,
+                             chat_template)
+
+
+def filled_prompt_ids(tokenizer: Any, fill: Callable[[list[str]], Prompt], contents: list[str],
+                      system_prompt: str | None = None, chat_template: bool = True) -> list[int]:
+    """:func:`prompt_ids` of the prompt ``fill(contents)``, where ``contents`` are the untrusted strings
+    (a rubric's fields, say) and the rest of what ``fill`` writes is trusted."""
+    return render_ids(tokenizer, lambda c: _render(tokenizer, fill(c), system_prompt, chat_template)[0], contents,
+                      not templated(tokenizer, chat_template))
 
 
 def problem_ids(tokenizer: Any, problem: Problem, data_cfg: DataConfig) -> list[int]:
@@ -38,38 +49,29 @@ def problem_ids(tokenizer: Any, problem: Problem, data_cfg: DataConfig) -> list[
     return prompt_ids(tokenizer, problem.model_input, data_cfg.system_prompt, getattr(data_cfg, "chat_template", True))
 
 
-def conversation_ids(tokenizer: Any, prompt: Prompt, reply: Prompt, system_prompt: str | None = None,
-                     chat_template: bool = True) -> list[int]:
-    """Token ids of ``prompt`` followed by the assistant's ``reply`` (a string, or a list of messages
-    that continue the conversation): what a reward model scores. Templated as :func:`prompt_ids` does;
-    without a chat template, the prompt text followed by the reply text.
-
-    Raises:
-        DataError: as :func:`prompt_ids`, for a message prompt or reply without a chat template.
-    """
-    if not (chat_template and getattr(tokenizer, "chat_template", None)):
-        if not isinstance(reply, str):
-            _render(tokenizer, reply, None, chat_template)  # raises: messages need a chat template
-        text, special = _render(tokenizer, prompt, system_prompt, chat_template)
-        return list(tokenizer(text + reply, add_special_tokens=special)["input_ids"])
-    turns = [{"role": "assistant", "content": reply}] if isinstance(reply, str) else list(reply)
-    text = tokenizer.apply_chat_template(_messages(prompt, system_prompt) + turns, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def templated(tokenizer: Any, chat_template: bool) -> bool:
+    """Whether prompts go through the tokenizer's chat template (else: raw text with its special tokens)."""
+    return bool(chat_template and getattr(tokenizer, "chat_template", None))
 
 
 def _render(tokenizer: Any, prompt: Prompt, system_prompt: str | None, chat_template: bool) -> tuple[str, bool]:
     """The text to tokenize, and whether the tokenizer adds its special tokens to it."""
-    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+    if not templated(tokenizer, chat_template):
         if not isinstance(prompt, str):
-            why = "data.chat_template=false" if not chat_template else "the tokenizer has no chat template"
-            raise DataError(f"a prompt is a list of chat messages but {why}: give string prompts, or a model whose "
-                            "tokenizer has a chat template")
+            raise messages_need_template(chat_template)
         return prompt, True
-    return tokenizer.apply_chat_template(_messages(prompt, system_prompt), tokenize=False,
+    return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), tokenize=False,
                                          add_generation_prompt=True), False
 
 
-def _messages(prompt: Prompt, system_prompt: str | None) -> list[dict[str, Any]]:
+def messages_need_template(chat_template: bool) -> DataError:
+    """The error of a message prompt (or reply) that cannot be rendered: no chat template to use."""
+    why = "data.chat_template=false" if not chat_template else "the tokenizer has no chat template"
+    return DataError(f"a prompt is a list of chat messages but {why}: give string prompts, or a model whose "
+                     "tokenizer has a chat template")
+
+
+def chat_messages(prompt: Prompt, system_prompt: str | None) -> list[dict[str, Any]]:
     """A prompt as chat messages, ``system_prompt`` (when given) first."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system_prompt:
@@ -158,4 +160,7 @@ def _lengths(tokenizer: Any, problems: list[Problem], data_cfg: DataConfig) -> l
             ids = tokenizer([rendered[i][0] for i in idx], add_special_tokens=special)["input_ids"]
             for i, x in zip(idx, ids):
                 out[i] = len(x)
+    for i, p in enumerate(problems):  # a special-token string in the data tokenizes as text: longer
+        if any(holds_special(tokenizer, c) for c in contents_of(p.model_input)):
+            out[i] = len(problem_ids(tokenizer, p, data_cfg))
     return out

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlft.config.validation import resolve_sampler_name
 from rlft.data.chat import problem_ids
+from rlft.data.safe_tokens import chat_ids
 from rlft.episodes.env import load_env
 from rlft.episodes.run import Limits
 from rlft.episodes.tool_env import ToolEnv
@@ -52,13 +53,13 @@ class EpisodeSetup:
         if fmt == "template" or (fmt == "auto" and template_takes_tools(tokenizer)):
             if data_cfg.system_prompt:
                 messages.insert(0, {"role": "system", "content": data_cfg.system_prompt})
-            text = tokenizer.apply_chat_template(messages, tools=[t.schema for t in self.tools], tokenize=False,
-                                                 add_generation_prompt=True)
+            return chat_ids(tokenizer, messages, tools=[t.schema for t in self.tools], add_generation_prompt=True)
         else:
             own = messages.pop(0)["content"] if messages[0]["role"] == "system" else data_cfg.system_prompt
             messages.insert(0, {"role": "system", "content": system_prompt(self.tools, own, self.max_tool_calls)})
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        # Every message's text stays text (rlft.data.safe_tokens): a data row's special-token strings cannot
+        # write turns of their own.
+        return chat_ids(tokenizer, messages, add_generation_prompt=True)
 
 
 def prompt_overhead(episodes: EpisodeSetup | None, tokenizer: Any, task: Task, data_cfg: DataConfig) -> int:

@@ -5,13 +5,15 @@ says and of the next assistant header, then the policy's next ids, and so on.
 The template renders a whole conversation; the text it adds after an assistant turn is found by
 rendering a probe conversation with and without the new messages. The policy's turn ended with its
 stop token (``<|im_end|>``); whatever the template writes after that token (ChatML's newline) comes
-first in the next ids.
+first in the next ids. The messages' contents are tokenized as text: a tool output or an environment
+message that writes ``<|im_end|>`` cannot end its turn and open one of its own (rlft.data.safe_tokens).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rlft.data.safe_tokens import contents_of, render_ids, with_contents
 from rlft.errors import ConfigError
 
 _PROBE = "rlft-probe-reply-7f3a"
@@ -35,7 +37,12 @@ def turn_suffix_ids(tokenizer: Any, messages: list[dict[str, Any]], stop_text: s
         raise ConfigError("the policy's chat template renders the conversation differently once an environment "
                           "message follows the assistant's turn (it rewrites earlier turns): multi-turn episodes "
                           "need a template that only appends")
-    return list(tokenizer(closing + after[len(before):], add_special_tokens=False)["input_ids"])
+
+    def render(contents: list[str]) -> str:
+        return closing + _render(tokenizer, _PROBE_TURNS + with_contents(list(messages), contents), True)[len(before):]
+
+    # What a tool or an environment says is not the template's: its special-token strings stay text.
+    return render_ids(tokenizer, render, contents_of(list(messages)))
 
 
 def _closing(tokenizer: Any) -> str:

@@ -1,6 +1,8 @@
 """Generative judges (``reward.judges``): a causal LM reads a rubric holding the prompt, the policy's
 reply and the reference answer, and its reply, decoded by one of rlft's samplers (hf or vllm, greedy
-by default), is parsed into a score (rlft.rewards.rubric).
+by default), is parsed into a score (rlft.rewards.rubric): only its last non-empty line is read. The
+rubric's fields are the data's and the policy's text: tags the rubric writes are broken inside them and
+special-token strings stay text (rlft.data.safe_tokens).
 
 A :class:`JudgeScorer` is a :class:`rlft.rewards.scorer.Scorer` of kind ``judge``: a reply that states
 no readable score is NaN (the judge is left out of that sample's total) and counted as ``unparsed``;
@@ -20,12 +22,20 @@ import torch
 
 from rlft.config.schemas import LoraConfig
 from rlft.config.validation import resolve_sampler_name
-from rlft.data.chat import prompt_ids, prompt_room
+from rlft.data.chat import filled_prompt_ids, prompt_room
 from rlft.errors import ModelError
 from rlft.models.loading import DTYPES, load_base
 from rlft.paths import user_path
 from rlft.rewards.registry import Sample
-from rlft.rewards.rubric import DEFAULT_VERDICTS, default_template, normalise, parse_score, parse_verdict, render
+from rlft.rewards.rubric import (
+    DEFAULT_VERDICTS,
+    default_template,
+    guard_fields,
+    normalise,
+    parse_score,
+    parse_verdict,
+    render,
+)
 from rlft.samplers import SamplingParams, build_sampler
 
 if TYPE_CHECKING:
@@ -80,7 +90,10 @@ class JudgeScorer:
         return f"{self.weight:g} x {self.name} (judge {self.cfg.model}, {self.cfg.kind}, {self.backend})"
 
     def rubric_ids(self, s: Sample) -> list[int]:
-        return prompt_ids(self.tokenizer, render(self.template, s.prompt, s.completion, s.answer))
+        """The rubric of one sample as ids: its fields' tags broken (rubric.render) and any special-token
+        string in them tokenized as text, so a reply cannot end the user turn and write the judge's answer."""
+        fields = guard_fields(self.template, s.prompt, s.completion, s.answer)  # render guards again: no change
+        return filled_prompt_ids(self.tokenizer, lambda c: render(self.template, *c), fields)
 
     def generate(self, prompts: list[list[int]]) -> list[str]:
         out: list[str] = []
@@ -95,14 +108,15 @@ class JudgeScorer:
         c = self.cfg
         if c.kind == "verdict":
             return parse_verdict(reply, self.verdicts)
-        score = parse_score(reply, c.min_score, c.max_score)
+        score = parse_score(reply, c.min_score, c.max_score, c.score_format)
         return None if score is None else normalise(score, c.min_score, c.max_score)
 
 
 def judge_template(cfg: JudgeConfig) -> str:
     if cfg.template is not None:
         return cfg.template
-    return default_template(cfg.kind, cfg.min_score, cfg.max_score, cfg.verdicts or DEFAULT_VERDICTS)
+    return default_template(cfg.kind, cfg.min_score, cfg.max_score, cfg.verdicts or DEFAULT_VERDICTS,
+                            cfg.score_format)
 
 
 def check_judge_model(model: str, key: str) -> None:

@@ -3,21 +3,28 @@
 
 Each model reads a reply through its own tokenizer and chat template, which may differ from the
 policy's: the conversation [user: prompt (or the row's messages), assistant: completion] rendered by
-its template, or prompt + completion as plain text when it has none. Replies are scored in batches
-of ``batch_size``, sorted by length, right-padded with the model's pad id, without gradients, on the
-learner's device; the score is the model's own pooled output (its head at the last non-pad token),
-as TRL's trainers read it. A rendering longer than ``max_length`` keeps its last ``max_length``
-tokens, where the score is read, and is counted (``reward/<name>/truncated_frac``).
+its template, or prompt + completion as plain text, the way ``rlft rm`` trained it when the
+directory holds its record (rlft.data.conversation.RECORD), else with the defaults (TRL's models:
+chat template when it has one, no system prompt, 1024 tokens); the RewardModelConfig's own fields
+override both. Special-token strings the policy writes stay text (rlft.data.safe_tokens). Replies
+are scored in batches of ``batch_size``, sorted by length, right-padded with the model's pad id,
+without gradients, on the learner's device; the score is the model's own pooled output (its head at
+the last non-pad token), as TRL's trainers read it. A rendering longer than ``max_length`` keeps the
+whole prompt and the reply's end, its beginning cut (``reward/<name>/truncated_frac``); one whose
+prompt leaves no room for the reply is unscored, NaN (``reward/<name>/too_long_frac``); see
+rlft.data.conversation for why, against verl's right-truncation.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlft.data.conversation import Fitted, Rendering, conversation_ids, fit_conversation, read_rendering
 from rlft.errors import ModelError
 from rlft.models.loading import DTYPES
 from rlft.paths import user_path
@@ -69,7 +76,8 @@ class RewardModel:
 
         check_reward_model(m)
         self.name, self.weight = m.label, float(m.weight)
-        self.batch_size, self.max_length, self.device = m.batch_size, m.max_length, device
+        self.batch_size, self.device = m.batch_size, device
+        self.rendering = scoring_rendering(m, read_rendering(user_path(m.path)))
         self.notes: list[str] = []
         src = str(user_path(m.path))
         try:
@@ -94,31 +102,39 @@ class RewardModel:
         self.model = model.to(device).eval().requires_grad_(False)
         self.tokenizer = tok
         self.dtype = dtype
-        self._counts = {"truncated": 0}
+        self._counts = {"truncated": 0, "too_long": 0}
 
     def render(self, s: Sample) -> list[int]:
         """The token ids the model reads for one reply (all of them, before ``max_length``)."""
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            convo = list(s.messages) if s.messages else [{"role": "user", "content": s.prompt}]
-            text = tok.apply_chat_template([*convo, {"role": "assistant", "content": s.completion}], tokenize=False)
-            return tok(text, add_special_tokens=False).input_ids  # the template wrote the special tokens
-        return tok(s.prompt + s.completion).input_ids
+        prompt, system = self._prompt(s)
+        r = self.rendering
+        return conversation_ids(self.tokenizer, prompt, s.completion, system, r.chat_template)
+
+    def fit(self, s: Sample) -> Fitted:
+        """:meth:`render` fitted to ``max_length`` (rlft.data.conversation.fit_conversation)."""
+        prompt, system = self._prompt(s)
+        r = self.rendering
+        return fit_conversation(self.tokenizer, prompt, s.completion, system, r.chat_template, r.max_length)
+
+    def _prompt(self, s: Sample) -> tuple[Any, str | None]:
+        """The sample's prompt as this model reads it, and the system prompt: the row's own system message
+        stands in for the rendering's."""
+        if not (self.rendering.chat_template and getattr(self.tokenizer, "chat_template", None) and s.messages):
+            return s.prompt, self.rendering.system_prompt
+        own = s.messages[0].get("role") == "system"
+        return list(s.messages), None if own else self.rendering.system_prompt
 
     def score(self, samples: Sequence[Sample]) -> list[float]:
-        """One score per reply (never NaN: a reward model scores every reply)."""
-        ids = []
-        for s in samples:
-            full = self.render(s)
-            if len(full) > self.max_length:
-                self._counts["truncated"] += 1
-                full = full[-self.max_length :]
-            ids.append(full)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        out = [0.0] * len(ids)
+        """One score per reply; NaN where the prompt leaves no room for the reply within ``max_length``."""
+        fits = [self.fit(s) for s in samples]
+        self._counts["truncated"] += sum(f.cut and f.ids is not None for f in fits)
+        self._counts["too_long"] += sum(f.ids is None for f in fits)
+        scored = [i for i, f in enumerate(fits) if f.ids is not None]
+        order = sorted(scored, key=lambda i: -len(fits[i].ids))
+        out = [math.nan] * len(fits)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
-            for i, value in zip(chunk, self._forward([ids[i] for i in chunk])):
+            for i, value in zip(chunk, self._forward([fits[i].ids for i in chunk])):
                 out[i] = value
         return out
 
@@ -134,12 +150,21 @@ class RewardModel:
         return logits[:, 0].float().cpu().tolist()
 
     def take_counts(self) -> dict[str, int]:
-        """Events since the last call: ``truncated`` (renderings cut to ``max_length``)."""
+        """Events since the last call: ``truncated`` (replies whose beginning was cut to fit ``max_length``),
+        ``too_long`` (replies left unscored: the prompt leaves them no room)."""
         counts, self._counts = self._counts, dict.fromkeys(self._counts, 0)
         return counts
 
     def describe(self) -> str:
         return f"{self.weight:g} x {self.name} (reward model, {self.dtype})"
+
+
+def scoring_rendering(m: RewardModelConfig, record: Rendering | None) -> Rendering:
+    """How model ``m`` reads replies: its config's fields where set, else its record's, else the defaults."""
+    base = record or Rendering()
+    return Rendering(base.chat_template if m.chat_template is None else m.chat_template,
+                     base.system_prompt if m.system_prompt is None else (m.system_prompt or None),
+                     base.max_length if m.max_length is None else m.max_length)
 
 
 def load_reward_models(models: Sequence[RewardModelConfig], device: torch.device, compute_dtype: str) -> list[Any]:

@@ -12,6 +12,7 @@ from rlft.app import App, check_nproc, run_ranks, run_task
 from rlft.app import run as run_app
 from rlft.config.loading import Schema, compose_on, group_options, to_config
 from rlft.config.rm_schema import RM_GROUPS, RMConfig, validate_rm
+from rlft.rm.data import rendering
 
 # torch, transformers and peft are imported inside the functions that need them: `rlft rm --help`
 # and a wrong override are answered before they load.
@@ -87,4 +88,4 @@ def export_checkpoint(path: Path, out: Path) -> None:
     cfg.model.dtype = ckpt.read_json(path, ckpt.STATE).get("compute_dtype", "fp32")
     rm = build_reward_model(cfg.model, cfg.seed, torch.device("cpu"))
     load_weights(rm, path)
-    save_reward_model(rm, out)
+    save_reward_model(rm, out, rendering(cfg.data, rm.tokenizer))

@@ -1,7 +1,8 @@
 """Preference pairs: rows with a prompt, a chosen and a rejected reply, read as ``data=hf`` reads
 its files (:func:`rlft.data.hf.read_split`: jsonl/json/parquet/csv/arrow files, save_to_disk
-folders, folders of data files) and tokenized as the model will score them
-(:func:`rlft.data.chat.conversation_ids`).
+folders, folders of data files) and tokenized as ``reward.models`` scores them
+(:func:`rlft.data.conversation.fit_conversation`: a sequence over ``data.max_length`` keeps its prompt
+and its reply's end; a pair whose prompt leaves no room for the replies is dropped).
 
 A row without its chosen or rejected reply is an error naming the file and row; a pair whose two
 replies are the same carries no preference and is dropped (counted, and said in the run's log).
@@ -13,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlft.data.chat import conversation_ids
+from rlft.data.chat import templated
+from rlft.data.conversation import Rendering, fit_conversation
 from rlft.data.hf import read_split
 from rlft.errors import DataError
 
@@ -115,10 +117,13 @@ class Encoded:
     chosen: list[int]
     rejected: list[int]
     margin: float | None
+    cut: bool = False
+    """A reply's beginning was cut to fit data.max_length."""
 
 
 def encode_pairs(pairs: list[Pair], tokenizer: Any, cfg: PairsConfig) -> tuple[list[Encoded], int]:
-    """Token ids of each pair, without those longer than ``cfg.max_length`` (returned: how many were dropped).
+    """Token ids of each pair fitted to ``cfg.max_length``; returned with them: how many pairs were dropped
+    because their prompt leaves no room for a reply.
 
     Raises:
         DataError: naming the row, for a message prompt or reply the tokenizer cannot render.
@@ -126,11 +131,17 @@ def encode_pairs(pairs: list[Pair], tokenizer: Any, cfg: PairsConfig) -> tuple[l
     out = []
     for p in pairs:
         try:
-            ids = [conversation_ids(tokenizer, p.prompt, reply, cfg.system_prompt, cfg.chat_template)
-                   for reply in (p.chosen, p.rejected)]
+            fits = [fit_conversation(tokenizer, p.prompt, reply, cfg.system_prompt, cfg.chat_template, cfg.max_length)
+                    for reply in (p.chosen, p.rejected)]
         except DataError as e:
             raise DataError(f"{p.where}: {e}") from None
-        if cfg.max_length and max(len(x) for x in ids) > cfg.max_length:
+        if fits[0].ids is None or fits[1].ids is None:
             continue
-        out.append(Encoded(ids[0], ids[1], p.margin))
+        out.append(Encoded(fits[0].ids, fits[1].ids, p.margin, fits[0].cut or fits[1].cut))
     return out, len(pairs) - len(out)
+
+
+def rendering(cfg: PairsConfig, tokenizer: Any) -> Rendering:
+    """How the pairs were rendered, as the exported model records it (rlft.data.conversation.RECORD)."""
+    chat = templated(tokenizer, cfg.chat_template)
+    return Rendering(chat, cfg.system_prompt if chat else None, cfg.max_length)

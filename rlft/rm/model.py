@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from rlft.data.conversation import Rendering, write_rendering
 from rlft.errors import CheckpointError
 from rlft.models.device import autocast
 from rlft.models.loading import DTYPES, load_base
@@ -94,10 +95,11 @@ def plain_model(rm: RewardModel) -> Any:
     return model.float().eval()
 
 
-def save_reward_model(rm: RewardModel, out: Path, replace: bool = False) -> Path:
+def save_reward_model(rm: RewardModel, out: Path, rendering: Rendering | None = None, replace: bool = False) -> Path:
     """Write ``out`` atomically: a Hugging Face sequence-classification directory (config, safetensors,
-    tokenizer) that ``AutoModelForSequenceClassification.from_pretrained`` loads. ``out`` must be new or
-    empty, unless ``replace`` (the end of a run, resumed after an earlier end wrote it)."""
+    tokenizer) that ``AutoModelForSequenceClassification.from_pretrained`` loads, with the record of how
+    its pairs were rendered (``rendering``: rlft.data.conversation.RECORD) that ``reward.models`` scores by.
+    ``out`` must be new or empty, unless ``replace`` (the end of a run, resumed after an earlier end wrote it)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not replace:
         raise CheckpointError(f"{out} exists and is not an empty directory: choose a new output directory")
     try:
@@ -110,6 +112,8 @@ def save_reward_model(rm: RewardModel, out: Path, replace: bool = False) -> Path
         model.config.pad_token_id = rm.tokenizer.pad_token_id
         model.save_pretrained(tmp)
         rm.tokenizer.save_pretrained(tmp)
+        if rendering is not None:
+            write_rendering(tmp, rendering)
         if out.exists():
             shutil.rmtree(out)
         os.rename(tmp, out)

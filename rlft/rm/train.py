@@ -32,7 +32,7 @@ from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
 from rlft.plots import plot_run
 from rlft.rm import state as rm_state
-from rlft.rm.data import Encoded, encode_pairs, load_pairs
+from rlft.rm.data import Encoded, encode_pairs, load_pairs, rendering
 from rlft.rm.model import RewardModel, build_reward_model, save_reward_model
 from rlft.tracking import Tracker, keep_metrics_through
 
@@ -76,7 +76,8 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
     train_pairs, long_train = encode_pairs(pairs.train, rm.tokenizer, cfg.data)
     eval_pairs, long_eval = encode_pairs(pairs.eval, rm.tokenizer, cfg.data)
     if not train_pairs:
-        raise DataError(f"data.max_length={cfg.data.max_length}: all {len(pairs.train)} training pairs are longer")
+        raise DataError(f"data.max_length={cfg.data.max_length}: the prompt of every one of the {len(pairs.train)} "
+                        "training pairs leaves no room for its replies; raise data.max_length")
     optimizer, scheduler = adamw([{"params": list(rm.trainable().values()), "lr": cfg.optim.lr}], cfg.optim, t.steps)
     st = rm_state.restore(rm, optimizer, scheduler, resume, dp.rank) if resume else rm_state.RMState()
     start = st.step
@@ -86,7 +87,8 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
         out.info(f"run dir {run_dir} | reward model {cfg.model.name} "
                  f"({f'LoRA r={cfg.model.lora.r} + score head' if rm.lora else 'full'}) on {device}{ranks} | "
                  f"{len(train_pairs)} training pairs, {len(eval_pairs)} held out | {precision.reason}")
-        for line in notes + _dropped_lines(pairs.identical, (long_train, long_eval), cfg.data.max_length):
+        cut = (sum(p.cut for p in train_pairs), sum(p.cut for p in eval_pairs))
+        for line in notes + _dropped_lines(pairs.identical, (long_train, long_eval), cut, cfg.data.max_length):
             out.info(line)
         if resume:
             out.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
@@ -95,7 +97,7 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
             path = rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, precision.dtype, dp)
             out.info(f"done: final checkpoint {path}")
         if t.export and dp.main:
-            exported = save_reward_model(rm, run_dir / EXPORT_DIR, replace=True)
+            exported = save_reward_model(rm, run_dir / EXPORT_DIR, rendering(cfg.data, rm.tokenizer), replace=True)
             out.info(f"exported the reward model to {exported} (AutoModelForSequenceClassification)")
     finally:
         out.close()
@@ -129,14 +131,18 @@ def _open_outputs(dp: DataParallel, run_dir: Path, cfg: RMConfig, resolved_yaml:
     return Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, None, start)
 
 
-def _dropped_lines(identical: tuple[int, int], long: tuple[int, int], max_length: int) -> list[str]:
+def _dropped_lines(identical: tuple[int, int], long: tuple[int, int], cut: tuple[int, int],
+                   max_length: int) -> list[str]:
     lines = []
     if any(identical):
         lines.append(f"dropped pairs whose chosen and rejected replies are the same: {identical[0]} training, "
                      f"{identical[1]} held-out")
     if any(long):
-        lines.append(f"dropped pairs longer than data.max_length={max_length} tokens: {long[0]} training, "
-                     f"{long[1]} held-out")
+        lines.append(f"dropped pairs whose prompt leaves no room for the replies within data.max_length={max_length} "
+                     f"tokens: {long[0]} training, {long[1]} held-out")
+    if any(cut):
+        lines.append(f"cut the beginning of the replies of pairs longer than data.max_length={max_length} tokens "
+                     f"(prompt and reply end kept): {cut[0]} training, {cut[1]} held-out")
     return lines
 
 
