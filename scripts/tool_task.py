@@ -3,7 +3,7 @@
 Three JSONL files in OUT_DIR, rows {"prompt": ..., "answer": ...}:
   train.jsonl   message prompts: one worked demonstration (a question, the assistant's calculator call, the
                 tool's answer, the assistant's final reply) and then the question; the policy gets
-                tools=[calculator];
+                tools=[calculator] (--tool python: a python call that prints the product, tools=[python]);
   eval.jsonl    the same, on held-out pairs (no pair of eval is in train);
   plain.jsonl   the held-out questions alone (the base model without a tool).
 
@@ -11,7 +11,7 @@ SmolLM2-135M-Instruct never calls a tool it is only told about (0 of 32 replies)
 the prompt gives it some calls to reinforce. The demonstration uses rlft's tool-call format
 (rlft/tools/format.py).
 
-    python scripts/tool_task.py OUT_DIR [--train 400] [--eval 100] [--seed 0]
+    python scripts/tool_task.py OUT_DIR [--train 400] [--eval 100] [--seed 0] [--tool calculator|python]
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ QUESTION = "What is {a} * {b}? Reply with just the number."
 DEMO = (312, 457)
 
 
-def demonstration() -> list[dict[str, str]]:
+def demonstration(tool: str = "calculator") -> list[dict[str, str]]:
+    """The worked call: ``calculator`` with the expression, or ``python`` with a program that prints it (the
+    tool's answer then ends with print's newline, as the python tool returns it)."""
     a, b = DEMO
-    call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} * {b}"}})
+    arguments = {"expression": f"{a} * {b}"} if tool == "calculator" else {"code": f"print({a} * {b})"}
+    call = json.dumps({"name": tool, "arguments": arguments})
     return [{"role": "user", "content": QUESTION.format(a=a, b=b)},
             {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
-            {"role": "tool", "content": str(a * b)},
+            {"role": "tool", "content": str(a * b) + ("" if tool == "calculator" else "\n")},
             {"role": "assistant", "content": str(a * b)}]
 
 
@@ -50,6 +53,8 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=400)
     ap.add_argument("--eval", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tool", choices=["calculator", "python"], default="calculator",
+                    help="the tool the demonstration calls (the run's tools=[...])")
     args = ap.parse_args()
     rng, taken = random.Random(args.seed), set()
     held_out, train = pairs(args.eval, rng, taken), pairs(args.train, rng, taken)
@@ -59,7 +64,7 @@ def main() -> None:
         with open(args.out_dir / name, "w") as f:
             for a, b in rows:
                 question = {"role": "user", "content": QUESTION.format(a=a, b=b)}
-                prompt = [*demonstration(), question] if demo else question["content"]
+                prompt = [*demonstration(args.tool), question] if demo else question["content"]
                 f.write(json.dumps({"prompt": prompt, "answer": str(a * b)}) + "\n")
 
     write("train.jsonl", train, True)

@@ -10,7 +10,8 @@
 #   4. the GEMM figure before and after and a summary table.
 #
 #   scripts/tools_e2e.sh [OUT_DIR]   (STEPS=20 EVAL=0 (0: at the start and the end) HELD_OUT=50 PROMPTS=2
-#                                     TEMPERATURE=0.7 SAMPLER=vllm ALGO=grpo)
+#                                     TEMPERATURE=0.7 SAMPLER=vllm ALGO=grpo TOOL=calculator)
+#   TOOL=python: the same task with the python tool (in its sandbox, episode.python_sandbox=bwrap) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/tools}
@@ -23,6 +24,7 @@ PROMPTS=${PROMPTS:-2}
 TEMPERATURE=${TEMPERATURE:-0.7}
 SAMPLER=${SAMPLER:-vllm}
 ALGO=${ALGO:-grpo}
+TOOL=${TOOL:-calculator}
 for d in plain "$ALGO"; do
   if [ -e "$OUT/$d" ]; then echo "$OUT/$d exists: choose another OUT_DIR" >&2; exit 2; fi
 done
@@ -34,11 +36,11 @@ grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' > "$OUT/cpu.t
 echo "gemm_before $(gemm)" > "$OUT/gemm.txt"
 : > "$OUT/timings.txt"
 
-"$PY" scripts/tool_task.py "$OUT/data" --train 400 --eval "$HELD_OUT"
+"$PY" scripts/tool_task.py "$OUT/data" --train 400 --eval "$HELD_OUT" --tool "$TOOL"
 (cd "$OUT/plain" && timed plain "$RLFT" eval model=smollm2_135m "reward.fns=[math_correct]" "sampler=$SAMPLER" \
    "data.num_eval=$HELD_OUT" --samples 0 --data "$OUT/data/plain.jsonl")
 timed "$ALGO" "$RLFT" train "algo=$ALGO" model=smollm2_135m data=jsonl "data.path=$OUT/data/train.jsonl" \
-  "data.eval_path=$OUT/data/eval.jsonl" "data.num_eval=$HELD_OUT" "tools=[calculator]" episode.max_turns=3 \
+  "data.eval_path=$OUT/data/eval.jsonl" "data.num_eval=$HELD_OUT" "tools=[$TOOL]" episode.max_turns=3 \
   "reward.fns=[math_correct]" "sampler=$SAMPLER" sampler.max_new_tokens=40 "sampler.temperature=$TEMPERATURE" \
   "trainer.num_prompts=$PROMPTS" "trainer.steps=$STEPS" \
   "trainer.eval_every=$EVAL" trainer.eval_at_start=true "hydra.run.dir=$OUT/$ALGO"

@@ -47,8 +47,10 @@ class Stand:
         self.ckpt = self.home / "run" / "checkpoint-2" / "model.safetensors"
         self.ckpt.parent.mkdir(parents=True)
         self.ckpt.write_bytes(b"weights" * 100)
-        self.buffer = bytearray(b"RLFTBUFFER" + os.urandom(8).hex().encode())
-        self.buffer_copy = bytes(self.buffer)
+        # The only raw copy of these bytes in this process: the attack gets them as hex, the check a hash.
+        self.buffer = bytearray(os.urandom(24))
+        self.buffer_hex = self.buffer.hex()
+        self.buffer_sha = hashlib.sha256(self.buffer).hexdigest()
         self.tcp = socket.socket()
         self.tcp.bind(("0.0.0.0", 0))
         self.tcp.listen(8)
@@ -70,12 +72,13 @@ class Stand:
     def connections(self) -> int:
         got = 0
         for s in (self.tcp, self.unix):
-            try:
-                conn, _ = s.accept()
+            while True:  # drain the backlog: a connection left in it would count for the next attack
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    break
                 conn.close()
                 got += 1
-            except OSError:
-                pass
         return got
 
 
@@ -95,7 +98,7 @@ def attacks(s: Stand, level: str) -> dict[str, str]:
                     cmd = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace')
                     m = re.search(r'data.path=([^\\x00]+)', cmd)
                     if m:
-                        print('found', m.group(1)); print(open(m.group(1)).read())
+                        print(open(m.group(1).split()[0]).read(200))
                 except OSError:
                     pass
             """,
@@ -128,9 +131,10 @@ def attacks(s: Stand, level: str) -> dict[str, str]:
                         mem.seek(lo); data = mem.read(hi - lo)
                     except OSError:
                         continue
-                    at = data.find({s.buffer_copy!r})
-                    if at >= 0:
+                    at = data.find(bytes.fromhex({s.buffer_hex!r}))
+                    while at >= 0:
                         mem.seek(lo + at); mem.write(b'PWNED'); print('wrote', pid)
+                        at = data.find(bytes.fromhex({s.buffer_hex!r}), at + 1)
             """,
         # 2. kill the trainer (and everything else it can signal)
         "kill the trainer and its siblings": f"""
@@ -150,8 +154,8 @@ def attacks(s: Stand, level: str) -> dict[str, str]:
             import os, time, ctypes
             for how in ('setsid', 'setpgid'):
                 if os.fork() == 0:
+                    ctypes.CDLL(None).prctl(15, b{SURVIVOR!r}, 0, 0, 0)  # named first: no unnamed escape
                     os.setsid() if how == 'setsid' else os.setpgid(0, 0)
-                    ctypes.CDLL(None).prctl(15, b{SURVIVOR!r}, 0, 0, 0)
                     time.sleep(30)
                     os._exit(0)
             print('forked')
@@ -159,8 +163,8 @@ def attacks(s: Stand, level: str) -> dict[str, str]:
         "outlive the timeout with a sleeping child": f"""
             import os, time, ctypes
             if os.fork() == 0:
-                os.setsid()
                 ctypes.CDLL(None).prctl(15, b{SURVIVOR!r}, 0, 0, 0)
+                os.setsid()
                 time.sleep(60)
                 os._exit(0)
             while True:
@@ -274,23 +278,25 @@ def _host_ip() -> str:
 
 
 def _survivors() -> list[int]:
+    """Running processes named SURVIVOR (a killed one waiting for init to reap it is not running)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == SURVIVOR:
-                out.append(int(pid))
+            comm, state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
         except OSError:
-            pass
+            continue
+        if comm.split("(", 1)[1] == SURVIVOR and state.split()[0] not in ("Z", "X"):
+            out.append(int(pid))
     return out
 
 
-def judge(name: str, out: str, s: Stand, before: dict[str, str]) -> tuple[bool, str]:
+def judge(name: str, out: str, s: Stand, before: dict[str, str], level: str) -> tuple[bool, str]:
     """Whether the attack was stopped, and what shows it."""
     leaked = [w for w in ("ANSWER-", s.secret) if w and w in out]
     if leaked:
         return False, f"printed {leaked[0][:12]}..."
-    if s.buffer != s.buffer_copy:
-        s.buffer[:] = s.buffer_copy  # for the next attack's check
+    if hashlib.sha256(s.buffer).hexdigest() != s.buffer_sha:
+        s.buffer[:] = bytes.fromhex(s.buffer_hex)  # for the next attack's check
         return False, "the trainer's buffer changed"
     if s.victim.poll() is not None:
         return False, "a process of the trainer's user was killed"
@@ -308,10 +314,11 @@ def judge(name: str, out: str, s: Stand, before: dict[str, str]) -> tuple[bool, 
         return n < MAX_PROCS, f"{n} children"
     if name == "memory across forked children":
         held = int(out.rsplit("held MB", 1)[1].split()[0]) if "held MB" in out else 0
-        bound = MEMORY_MB if cgroup.kind() else MAX_PROCS * MEMORY_MB  # without a cgroup: per process
+        # bwrap: the cgroup's limit, else RLIMIT_AS x RLIMIT_NPROC; process: RLIMIT_AS of each, no process count
+        bound = MEMORY_MB if level == "process" or cgroup.kind() else MAX_PROCS * MEMORY_MB
         return held <= bound, f"{held} MB held at once (bound {bound} MB)"
     if name == "find a planted file":
-        return "rlft-planted" not in out, out.strip()[:60]
+        return out.strip() == "[]", out.strip()[:60]
     if name == "read inherited file descriptors":
         fds = [line for line in out.splitlines() if line.split(" ")[0].isdigit() and int(line.split(" ")[0]) > 2]
         return all("/proc/" in line for line in fds), f"{len(fds)} descriptors past stdio: {fds}"[:80]
@@ -353,10 +360,13 @@ def run_all(s: Stand, tool, level: str, only: list[str] | None) -> dict[str, dic
             out = str(e)
         took = time.monotonic() - start
         threads_ok = _can_start_threads()
-        stopped, detail = judge(name, out, s, before)
-        for pid in _survivors():  # so that the next attack's check starts clean
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
+        stopped, detail = judge(name, out, s, before, level)
+        deadline = time.monotonic() + 1.0
+        while _survivors() and time.monotonic() < deadline:  # so that the next attack's check starts clean
+            for pid in _survivors():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)
+            time.sleep(0.05)
         if not threads_ok:
             stopped, detail = False, "the trainer could not start threads afterwards"
         results[name] = {"stopped": stopped, "detail": detail, "seconds": round(took, 2)}
