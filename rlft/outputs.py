@@ -49,9 +49,11 @@ class Outputs:
         if not dp.main:
             return Outputs(run_dir, cfg, resolved_yaml, None)
         run_dir.mkdir(parents=True, exist_ok=True)
-        source = resume.parent.parent / "metrics.jsonl" if resume is not None else None
-        keep_metrics_through(run_dir / "metrics.jsonl", start if resume is not None else -1, source)
-        _keep_rollouts_through(run_dir / "rollouts.jsonl", start if resume is not None else 0)
+        source = resume.parent.parent if resume is not None else None  # the checkpoint's run: maybe another
+        keep_metrics_through(run_dir / "metrics.jsonl", start if resume is not None else -1,
+                             source / "metrics.jsonl" if source else None)
+        _keep_rollouts_through(run_dir / "rollouts.jsonl", start if resume is not None else 0,
+                               source / "rollouts.jsonl" if source else None)
         (run_dir / "config.yaml").write_text(resolved_yaml)
         tracker = Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, _as_dict(resolved_yaml), start)
         return Outputs(run_dir, cfg, resolved_yaml, tracker)
@@ -97,12 +99,14 @@ class Outputs:
             plot_run(self.run_dir)
 
 
-def _keep_rollouts_through(path: Path, step: int) -> None:
-    """Resuming at ``step`` (0: a fresh start): drop rows logged after it, so no step appears twice,
-    and a line cut short by a killed process (as ``read_metrics`` skips one in metrics.jsonl)."""
-    if not path.exists():
+def _keep_rollouts_through(path: Path, step: int, source: Path | None = None) -> None:
+    """Resuming at ``step`` (0: a fresh start): keep the rows up to it (from ``source`` when the checkpoint came
+    from another run, as metrics.jsonl) and drop those logged after it, so no step appears twice, and a line cut
+    short by a killed process (as ``read_metrics`` skips one in metrics.jsonl)."""
+    read = source if source is not None and source.exists() else path
+    if not read.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if _row_step(line) <= step]
+    kept = [line for line in read.read_text().splitlines() if _row_step(line) <= step]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     tmp.replace(path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from rlft.config import Config, ConfigError, compose, conf_dir, group_options
@@ -153,3 +155,18 @@ def test_readme_names_every_builtin_reward_and_only_paths_users_have():
     assert [n for n in REWARDS.names() if f"`{n}`" not in readme] == []
     for doc in ("README.md", "docs/usage.md", "CHANGELOG.md"):  # what users read
         assert "../shared" not in (ROOT / doc).read_text(), doc  # the developers' data folder
+
+
+def test_a_preset_that_leaves_a_key_missing_is_refused_until_it_is_given(tmp_path, monkeypatch):
+    """A ??? in a preset over a schema default: OmegaConf's merge would keep the default (model.path=None) and
+    the run would go on without what the preset asks for."""
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "model" / "mine.yaml").write_text("name: mine\nsource: path\npath: ???\n")
+    (conf / "experiment" / "mine_done.yaml").write_text("# @package _global_\nmodel:\n  path: /models/mine\n")
+    monkeypatch.setenv("RLFT_CONF_DIR", str(conf))
+    with pytest.raises(ConfigError, match=r"^missing value for 'model.path': model/mine.yaml sets it to \?\?\? "
+                                          r"\(it must be given\); set it on the command line, e.g. model.path=...$"):
+        compose(["model=mine"])
+    assert compose(["model=mine", "model.path=/models/x"])[0].model.path == "/models/x"
+    assert compose(["model=mine", "+experiment=mine_done"])[0].model.path == "/models/mine"  # a later preset gave it

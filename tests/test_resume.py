@@ -164,13 +164,14 @@ def test_resume_guards_and_pruning(reference, tmp_path):
     assert r.returncode == 2 and "cannot resume" in r.stderr and "algo." in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
-    # resume=PATH from another run's checkpoint continues its metrics in a new directory.
+    # resume=PATH from another run's checkpoint continues its metrics and rollouts in a new directory.
     other = tmp_path / "other"
     src = reference / "checkpoints" / "step_000004"
     r = run_cli(["train", *RUN, f"hydra.run.dir={other}", f"trainer.resume={src}"], ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [x["step"] for x in read_metrics(other / "metrics.jsonl")] == list(range(STEPS + 1))
     assert comparable_metrics(other) == comparable_metrics(reference)
+    assert _rollout_rows(other) == _rollout_rows(reference)  # the first 4 steps' rows came along too
 
     r = run_cli(["train", *RUN, f"hydra.run.dir={other}", f"trainer.resume={tmp_path / 'nope'}"], ROOT)
     assert r.returncode == 2 and "no such checkpoint" in r.stderr

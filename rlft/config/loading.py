@@ -173,13 +173,14 @@ def compose_node(overrides: list[str], schema: Schema = TRAIN) -> tuple[Any, str
     Raises:
         ConfigError: on any unknown key, bad choice or wrong type.
     """
-    check_overrides(overrides, schema)
+    parsed = check_overrides(overrides, schema)
     register_schema(schema)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             raw = hydra_compose(schema.config_name, overrides=list(overrides), return_hydra_config=True)
         run_dir = str(raw.hydra.run.dir)
+        _check_required_by_presets(raw, {ov.key_or_group for ov in parsed}, schema)
         with _open_struct(raw):
             del raw["hydra"]
     except (HydraException, OmegaConfBaseException) as e:
@@ -187,6 +188,42 @@ def compose_node(overrides: list[str], schema: Schema = TRAIN) -> tuple[Any, str
     finally:
         GlobalHydra.instance().clear()
     return raw, run_dir
+
+
+def _check_required_by_presets(raw: Any, given: set[str], schema: Schema) -> None:
+    """A ``???`` in a chosen preset says "must be given", but OmegaConf's merge keeps the value beneath it (the
+    schema's default), so the run would go on with that default: refuse it unless the command line or a later
+    preset gave the key.
+
+    Raises:
+        ConfigError: naming the key and the preset.
+    """
+    defaults = OmegaConf.structured(schema.root)
+    for group, option in raw.hydra.runtime.choices.items():
+        path = conf_dir() / group / f"{option}.yaml"
+        if group.startswith("hydra") or option is None or not path.is_file():
+            continue
+        text = path.read_text()
+        prefix = "" if "@package _global_" in text else f"{group.replace('/', '.')}."
+        preset = yaml.safe_load(text) or {}
+        preset.pop("defaults", None)
+        for key in _missing_leaves(preset, prefix):
+            value = OmegaConf.select(raw, key, default=None, throw_on_missing=False)
+            if key not in given and value == OmegaConf.select(defaults, key, default=None, throw_on_missing=False):
+                raise ConfigError(f"missing value for '{key}': {group}/{option}.yaml sets it to ??? (it must be "
+                                  f"given); set it on the command line, e.g. {key}=...")
+
+
+def _missing_leaves(node: Any, prefix: str) -> list[str]:
+    """Dotted keys whose value is ``???`` in a preset's YAML."""
+    if not isinstance(node, dict):
+        return []
+    out = []
+    for key, value in node.items():
+        if value == "???":
+            out.append(f"{prefix}{key}")
+        out += _missing_leaves(value, f"{prefix}{key}.")
+    return out
 
 
 def compose_on(saved_yaml: str, overrides: list[str], schema: Schema = TRAIN) -> Any:
