@@ -13,6 +13,7 @@ setpriv) and scripts/bench_python_sandbox.py prints its table. The secret is rea
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -60,6 +61,7 @@ class Stand:
         self.unix.bind(self.unix_name)
         self.unix.listen(8)
         self.unix.settimeout(0.05)
+        self.key = _session_key(self.secret)
         self.victim = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def files(self) -> dict[str, str]:
@@ -262,12 +264,46 @@ def attacks(s: Stand, level: str) -> dict[str, str]:
             except OSError as e:
                 print('unix', e)
             """,
+        "read the trainer's session keyring": f"""
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+            key = libc.syscall({KEYS['keyctl']}, 10, -3, b"user", b"rlft_token", 0)  # KEYCTL_SEARCH
+            buf = ctypes.create_string_buffer(256)
+            n = libc.syscall({KEYS['keyctl']}, 11, key, buf, 256)  # KEYCTL_READ
+            print('search', key, 'read', n, buf.raw[:max(n, 0)].decode(errors='replace'), ctypes.get_errno())
+            print('planted', libc.syscall({KEYS['add_key']}, b"user", b"rlft_planted", b"x", 1, -4))  # @u
+            """,
+        "regain capabilities in a new user namespace": """
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            r = libc.unshare(0x10000000 | 0x20000)  # CLONE_NEWUSER | CLONE_NEWNS
+            print('unshare', r, ctypes.get_errno(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])
+            """,
+        "trace bwrap's init": """
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            print('attach', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
+            """,
         "see the trainer's processes": """
             import os
             print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
             print(os.getuid(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])
             """,
     }
+
+
+_SYSCALLS = {"x86_64": {"keyctl": 250, "add_key": 248}, "aarch64": {"keyctl": 219, "add_key": 217}}
+KEYS = _SYSCALLS.get(os.uname().machine, _SYSCALLS["x86_64"])
+
+
+def _session_key(secret: str) -> int:
+    """A session keyring of the stand-in trainer's own holding the secret as key ``rlft_token`` (as a login's
+    keyring or a Kerberos KEYRING: cache holds credentials); its serial, or -1 where keyrings are off."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.syscall(KEYS["keyctl"], 1, None)  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+    data = secret.encode()
+    return libc.syscall(KEYS["add_key"], b"user", b"rlft_token", data, len(data), -3)  # KEY_SPEC_SESSION_KEYRING
 
 
 def _host_ip() -> str:
@@ -317,6 +353,12 @@ def judge(name: str, out: str, s: Stand, before: dict[str, str], level: str) -> 
         # bwrap: the cgroup's limit, else RLIMIT_AS x RLIMIT_NPROC; process: RLIMIT_AS of each, no process count
         bound = MEMORY_MB if level == "process" or cgroup.kind() else MAX_PROCS * MEMORY_MB
         return held <= bound, f"{held} MB held at once (bound {bound} MB)"
+    if name == "read the trainer's session keyring":
+        return "planted -1" in out or "planted" not in out, out.strip().splitlines()[-1][:70] if out.strip() else ""
+    if name == "regain capabilities in a new user namespace":
+        return "unshare -1" in out, out.strip()[:70]
+    if name == "trace bwrap's init":
+        return "attach -1" in out, out.strip()[:70]
     if name == "find a planted file":
         return out.strip() == "[]", out.strip()[:60]
     if name == "read inherited file descriptors":

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rlft.errors import ToolTimeout, how_it_ended
-from rlft.tools import sandbox
+from rlft.tools import cgroup, sandbox
 
 if TYPE_CHECKING:
     from rlft.config.schemas import EpisodeConfig
@@ -95,6 +95,8 @@ def _check_size(op: ast.operator, left: int | float, right: int | float) -> None
 
 # --------------------------------------------------------------------------------------------- python
 
+_MAX_FILES = 256
+"""RLIMIT_NOFILE of the python tool's processes."""
 _OUTPUT_FILE_BYTES = 4 * 2**20
 """RLIMIT_FSIZE of the python tool: any file it writes (its output included) stops growing here."""
 
@@ -114,7 +116,8 @@ if drop and os.getuid() == 0:
     os.setgroups([])
     os.setresgid(drop, drop, drop)
     os.setresuid(drop, drop, drop)
-for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC"), map(int, sys.argv[2:])):
+for name, value in zip(("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC", "RLIMIT_NOFILE"),
+                       map(int, sys.argv[2:])):
     if value >= 0:
         resource.setrlimit(getattr(resource, name), (value, value))
 os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
@@ -125,11 +128,14 @@ def python_tool(cfg: EpisodeConfig) -> Callable[[str], str]:
     """The ``python`` tool under ``cfg``'s limits (``tool_timeout_s``, ``python_memory_mb``, ``python_max_procs``,
     ``tool_output_chars``) in its sandbox (``python_sandbox``; checked here: ConfigError when it cannot start)."""
     sandboxed = cfg.python_sandbox == "bwrap"
+    # RLIMIT_NPROC only where no cgroup bounds the call: it counts per user (as root: uid 65534 machine-wide,
+    # every concurrent call together). RLIMIT_NOFILE: memfds and files are memory a per-process limit misses.
+    nproc = cfg.python_max_procs if sandboxed and cgroup.kind() is None else -1
+    limits = [cfg.python_memory_mb * 2**20, math.ceil(cfg.tool_timeout_s) + 1, _OUTPUT_FILE_BYTES, 0, nproc,
+              _MAX_FILES]
     if sandboxed:
-        sandbox.check_sandbox()
+        sandbox.check_sandbox(tuple(_boot(limits, sandboxed)), limits[0], cfg.python_max_procs)
     sandbox.harden_trainer()
-    limits = [cfg.python_memory_mb * 2**20, math.ceil(cfg.tool_timeout_s) + 1, _OUTPUT_FILE_BYTES, 0,
-              cfg.python_max_procs if sandboxed else -1]
 
     def python(code: str) -> str:
         """Run a Python program in a fresh interpreter and return what it printed (stdout and stderr).
@@ -137,16 +143,21 @@ def python_tool(cfg: EpisodeConfig) -> Callable[[str], str]:
         Args:
             code: The program; print() the values you want to see.
         """
-        return run_python(code, limits, cfg.tool_timeout_s, cfg.tool_output_chars, sandboxed)
+        return run_python(code, limits, cfg.tool_timeout_s, cfg.tool_output_chars, sandboxed, cfg.python_max_procs)
 
     return python
 
 
-def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int, sandboxed: bool = True) -> str:
+def _boot(limits: list[int], sandboxed: bool) -> list[str]:
+    return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(sandbox.NOBODY if sandboxed else 0), *map(str, limits)]
+
+
+def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int, sandboxed: bool = True,
+               max_procs: int = 16) -> str:
     """Run ``code`` with this venv's python in isolated mode, in a bwrap sandbox (``sandboxed``,
     rlft.tools.sandbox) or in a session and temporary directory of its own with a scrubbed environment,
-    under ``limits`` (RLIMIT_AS, _CPU, _FSIZE, _CORE, _NPROC; -1: unchanged); kill everything it started
-    when it ends or at ``timeout_s``.
+    under ``limits`` (RLIMIT_AS, _CPU, _FSIZE, _CORE, _NPROC, _NOFILE; -1: unchanged); kill everything it started
+    when it ends or at ``timeout_s``; ``max_procs``: the sandbox cgroup's process bound.
 
     Raises:
         ToolTimeout: it ran past ``timeout_s`` (the message holds its output so far).
@@ -156,8 +167,7 @@ def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int
         with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as output:
             source.write(code.encode("utf-8", "surrogatepass"))
             source.seek(0)
-            boot = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(sandbox.NOBODY if sandboxed else 0), *map(str, limits)]
-            with _started(boot, limits, source, output, workdir) as proc:
+            with _started(_boot(limits, sandboxed), limits[0], max_procs, source, output, workdir) as proc:
                 finished = _wait_exit(proc.pid, timeout_s)
             text = _read(output, output_chars)
     finally:
@@ -172,13 +182,13 @@ def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int
 
 
 @contextlib.contextmanager
-def _started(boot: list[str], limits: list[int], source: Any, output: Any, workdir: str | None
+def _started(boot: list[str], memory_bytes: int, max_procs: int, source: Any, output: Any, workdir: str | None
              ) -> Iterator[subprocess.Popen]:
     """The program's process (bwrap's, when ``workdir`` is None: rlft.tools.sandbox.started), started; on
     leaving, everything it started is killed and it is reaped."""
     io: dict[str, Any] = {"stdin": source, "stdout": output, "stderr": subprocess.STDOUT}
     if workdir is None:
-        with sandbox.started(boot, memory_bytes=limits[0], max_procs=limits[4], **io) as proc:
+        with sandbox.started(boot, memory_bytes, max_procs, **io) as proc:
             yield proc
         return
     proc = subprocess.Popen(boot, cwd=workdir, env=sandbox.sandbox_env(workdir), start_new_session=True, **io)

