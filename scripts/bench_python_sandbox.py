@@ -110,8 +110,8 @@ def main() -> None:
     print(f"user {'root' if os.geteuid() == 0 else os.geteuid()}, cgroup {cgroup.kind() or 'none'}, "
           f"bwrap {sandbox.bwrap_binary()}; GEMM fp32 {gemm():.0f} GFLOP/s before")
     times = cost(args.calls)
-    print(f"\n| program | bwrap median (p90) | process median (p90) | bwrap - process | ({args.calls} calls each, "
-          f"interleaved) |\n|---|---|---|---|")
+    print(f"\n{args.calls} calls each, interleaved:\n\n| program | bwrap median (p90) | process median (p90) | "
+          "bwrap - process |\n|---|---|---|---|")
     for name, by_level in times.items():
         med = {lv: statistics.median(t) * 1e3 for lv, t in by_level.items()}
         p90 = {lv: statistics.quantiles(t, n=10)[-1] * 1e3 for lv, t in by_level.items()}
