@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlft.app import split_args
 from rlft.config import ALGO_SECTIONS, GROUPS, Config, group_options
 from rlft.config.loading import compose_node, field_type
+from rlft.config.schemas import valid_values
 from rlft.errors import ConfigError
 from rlft.paths import quote_home
 from rlft.sweep import expand
@@ -107,13 +108,16 @@ def composed_values(name: str, overrides: list[str]) -> dict[str, typing.Any]:
 
 def _rows(cls: type, prefix: str, values: dict[str, typing.Any]) -> typing.Iterator[tuple[str, str]]:
     docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
+    own = inspect.get_annotations(cls)
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own):  # a section's own keys before a base's
         key = f"{prefix}.{f.name}"
         sub = field_type(cls, f.name)
         if dataclasses.is_dataclass(sub):
             yield from _rows(sub, key, values[f.name])
             continue
         doc = " ".join(docs.get(f.name, "").split())
+        valid = valid_values(cls, f.name)
+        doc += f" Valid: {valid}." if valid else ""
         yield key, f"  {key} = {values[f.name]!r}\n      {doc}"
         entry = next(iter(typing.get_args(sub)), None)
         if dataclasses.is_dataclass(entry):  # a list of sections (reward.judges): an entry's keys and defaults
@@ -122,7 +126,16 @@ def _rows(cls: type, prefix: str, values: dict[str, typing.Any]) -> typing.Itera
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (a string literal right after the field)."""
+    """The docstring under each field of a dataclass (a string literal right after the field), its dataclass
+    bases' fields included."""
+    out = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            out.update(_own_field_docs(base))
+    return out
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body  # type: ignore[attr-defined]
     out = {}

@@ -129,8 +129,8 @@ def test_sampler_logprobs_are_compared_only_without_truncation(compose_cfg):
         ("optim.betas=[0.9,1.0]", "optim.betas[1]=1.0 must be in [0, 1)"),
         ("optim.betas=[-0.1,0.99]", "optim.betas[0]=-0.1 must be in [0, 1)"),
         ("optim.betas=[0.9]", "optim.betas=[0.9] must be two values [beta1, beta2]"),
-        ("optim.warmup_steps=-1", "optim.warmup_steps=-1 must be >= 0 (0: no warm-up)"),
-        ("optim.max_grad_norm=-1", "optim.max_grad_norm=-1.0 must be >= 0 (0: no clipping)"),
+        ("optim.warmup_steps=-1", "optim.warmup_steps=-1 must be >= 0"),
+        ("optim.max_grad_norm=-1", "optim.max_grad_norm=-1.0 must be >= 0"),
         ("optim.schedule=cosin", "optim.schedule='cosin'; valid choices: constant, linear, cosine"),
     ],
 )

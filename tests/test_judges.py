@@ -151,8 +151,8 @@ def _judged(*judge_overrides: str, extra: tuple[str, ...] = ()):
     ("min_score:5,max_score:5", "min_score=5 must be below max_score=5"),
     ("name:math_correct", r"its name 'math_correct' \(reward/math_correct\) is taken by another scorer"),
     ("name:gold", r"its name 'gold' \(reward/gold\) is a metric rlft logs itself; set reward.judges\[0\].name"),
-    ("batch_size:0", "batch_size=0 must be at least 1"),
-    ("temperature:-1", "temperature=-1 must be >= 0"),
+    ("batch_size:0", r"reward.judges\[0\].batch_size=0 must be >= 1"),
+    ("temperature:-1", r"reward.judges\[0\].temperature=-1.0 must be >= 0"),
     ("score_format:json", r"reward.judges\[0\].score_format='json'; valid choices: label, brackets, number"),
     ("kind:verdict,score_format:number", r"score_format=number is for kind=score"),
 ])

@@ -171,7 +171,7 @@ def test_gold_and_evaluation_reward(compose_cfg, reward_model_dir):
     (["reward.fns=[]", "reward.weights=[]"], "reward.fns, reward.models and reward.judges are empty"),
     (["reward.models=[{weight: 1.0}]"], "has no path"),
     (["reward.models=[{path: /x/rm, dtype: fp16}]"], "dtype='fp16'"),
-    (["reward.models=[{path: /x/rm, batch_size: 0}]"], "must be at least 1"),
+    (["reward.models=[{path: /x/rm, batch_size: 0}]"], "batch_size=0 must be >= 1"),
     (["reward.models=[{path: /x/gold}]"], "reward/gold) is a metric rlft logs itself"),
     (["reward.models=[{path: /x/rm}, {path: /y/rm}]"], "is taken by another scorer"),
     (["reward.clip=-1"], "reward.clip=-1"),

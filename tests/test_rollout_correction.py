@@ -130,7 +130,7 @@ def test_tis_cap_is_token_tis_with_its_cap():
          "algo.rollout_correction='seq_tiss'; valid choices: none, seq_mask, seq_tis, token_mask, token_tis"),
         (["algo.rollout_correction=seq_mask", "algo.tis_cap=2"], "algo.tis_cap=2.0 is the shorthand for"),
         (["algo.rollout_is_low=2", "algo.rollout_is_high=1"], "must satisfy 0 <= low < high"),
-        (["algo.rollout_is_low=-0.1"], "must satisfy 0 <= low < high"),
+        (["algo.rollout_is_low=-0.1"], "algo.rollout_is_low=-0.1 must be >= 0"),
         (["algo.entropy_coef=-0.01"], "algo.entropy_coef=-0.01 must be >= 0"),
         (["sampler=hf", "algo.rollout_correction=seq_mask"],
          "algo.rollout_correction=seq_mask corrects the sampler's log-probs, which only sampler=vllm reports "

@@ -209,7 +209,7 @@ def test_nan_fails_the_check(fp32_hf):
 
 @pytest.mark.parametrize("bad, expected", [
     ("sampler.sync_check=maybe", "sampler.sync_check='maybe'; valid choices: error, warn, off"),
-    ("sampler.sync_check_tol=-1", "sampler.sync_check_tol=-1.0; must be > 0"),
+    ("sampler.sync_check_tol=-1", "sampler.sync_check_tol=-1.0 must be > 0, or null"),
     ("sampler.sync_check=off sampler.sync_check_tol=0.1",
      "sampler.sync_check_tol=0.1 does nothing with sampler.sync_check=off"),
 ])

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlft.config.schemas import EpisodeConfig
+from rlft.config.validation import check_ranges
 from rlft.errors import ConfigError
 from rlft.tools.builtin import calculator
 from rlft.tools.check import check_episode, check_tools
@@ -78,18 +79,21 @@ def test_each_bad_tools_entry_is_one_line(user_modules, entries, message):
     assert "\n" not in str(err.value)
 
 
-def test_check_tools_imports_nothing_and_check_episode_ranges():
+def test_check_tools_imports_nothing_and_the_episode_checks():
     check_tools(["python", "calculator", "no_such_pkg_q.tools:f"])  # the shape only: importing is load_tools's job
     with pytest.raises(ConfigError, match="unknown built-in tool 'calc'"):
         check_tools(["calc"])
     check_episode(EpisodeConfig())
+    with pytest.raises(ConfigError, match="episode.tool_format='xml'; valid choices: auto, template, rlft"):
+        check_episode(EpisodeConfig(tool_format="xml"))
+    check_ranges(EpisodeConfig(), "episode.")
     for field, value, message in [("tool_timeout_s", 0.0, "episode.tool_timeout_s=0.0 must be > 0"),
-                                  ("max_turns", 0, "episode.max_turns=0 must be at least 1"),
-                                  ("python_memory_mb", 8, "episode.python_memory_mb=8 must be at least 32"),
-                                  ("max_tool_calls", 0, "episode.max_tool_calls=0 must be at least 1"),
-                                  ("tool_format", "xml", "episode.tool_format='xml'; valid choices: auto, template, rlft")]:
-        with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-            check_episode(EpisodeConfig(**{field: value}))
+                                  ("max_turns", 0, "episode.max_turns=0 must be >= 1"),
+                                  ("python_memory_mb", 8, "episode.python_memory_mb=8 must be >= 32"),
+                                  ("max_tool_calls", 0, "episode.max_tool_calls=0 must be >= 1")]:
+        with pytest.raises(ConfigError) as err:
+            check_ranges(EpisodeConfig(**{field: value}), "episode.")
+        assert str(err.value) == message
 
 
 # -------------------------------------------------------------------------------------------- format

@@ -176,7 +176,7 @@ def test_exported_model_serves_in_vllm(tmp_path):
         (["sampler.vllm.sync=lora"], "sampler.vllm.sync='lora'; valid choices: merged, adapter"),
         (["sampler.vllm.sync=adapter", "model.lora.enabled=false"], "sampler.vllm.sync=adapter serves the LoRA adapter"),
         (["model.lora.target_modules=[q_proj,v_proj]"], "but not all of ['q_proj', 'k_proj', 'v_proj']"),
-        (["sampler.vllm.kv_cache_gb=-1"], "sampler.vllm.kv_cache_gb=-1.0; must be >= 0"),
+        (["sampler.vllm.kv_cache_gb=-1"], "sampler.vllm.kv_cache_gb=-1.0 must be >= 0, or null"),
     ],
 )
 @pytest.mark.parametrize("sampler", ["vllm", "auto"])  # auto becomes vllm here: the same checks apply

@@ -2,7 +2,8 @@
 
 Composed from conf/rm.yaml, which reuses ``rlft train``'s model/ and logger/ groups; the
 sections of its own (data, trainer) are defined here with their defaults, as schemas.py does
-for ``rlft train`` (each field's ``knob`` gives its resume class, read by the resume check).
+for ``rlft train`` (each field's ``knob`` gives its resume class, read by the resume check, and a number's
+valid range); the trainer keys both commands share are schemas.LoopConfig's.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlft.config.schemas import (
-    CHECKPOINTING,
-    EVAL_ONLY,
     HARMFUL,
     HARMLESS,
+    MICRO_BATCH,
     NUMERICS,
-    WAITING,
+    STEPS,
     ConfigError,
     LoggerConfig,
+    LoopConfig,
     ModelConfig,
     OptimConfig,
     knob,
     resume_classes,
 )
-from rlft.config.validation import check_model, check_optim
+from rlft.config.validation import check_model, check_optim, check_ranges
 
 RM_GROUPS = ("model", "logger")
 """Config groups of conf/rm.yaml (shared with ``rlft train``)."""
@@ -44,7 +45,7 @@ class PairsConfig:
     """Held-out pairs (default: the last data.num_eval rows of data.path)."""
     eval_split: str | None = knob(None, HELD_OUT)
     """The held-out split (of data.eval_path when given, else of data.path)."""
-    num_eval: int = knob(64, HELD_OUT)
+    num_eval: int = knob(64, HELD_OUT, range="[0, inf)")
     """Held-out pairs carved from the end of data.path when neither eval_path nor eval_split is given (0: none)."""
     prompt_field: str = knob("prompt", PAIRS)
     """Column of the prompt: a string, or a list of chat messages {role, content}."""
@@ -58,49 +59,29 @@ class PairsConfig:
     """System message for the chat template (None: the model's default)."""
     chat_template: bool = knob(True, PAIRS)
     """Render prompt + reply with the tokenizer's chat template (false: prompt text + reply text)."""
-    max_length: int = knob(1024, PAIRS)
+    max_length: int = knob(1024, PAIRS, range="[0, inf)")
     """Longest sequence in tokens (0: no limit). A longer one keeps its whole prompt and its reply's end,
     where the score is read, its reply's beginning cut, as reward.models scores; a pair whose prompt
     leaves no room for the replies is dropped. Both counted in the log."""
 
 
 @dataclass
-class RMTrainerConfig:
-    steps: int = knob(100, (HARMLESS, "where to stop; with optim.schedule=constant no LR depends on it"))
+class RMTrainerConfig(LoopConfig):
+    steps: int = knob(100, STEPS, range="[1, inf)")
     """Optimizer steps."""
-    nproc: int = knob(1, (NUMERICS, "the order of the gradient sum over ranks"))
+    nproc: int = knob(1, (NUMERICS, "the order of the gradient sum over ranks"), range="[1, inf)")
     """Data-parallel ranks to start on this machine through torch's launcher (1: this process only;
     under torchrun leave it 1: --nproc-per-node decides). trainer.batch_size must be a multiple of the ranks."""
-    batch_size: int = knob(8, (HARMFUL, "the batch size"))
+    batch_size: int = knob(8, (HARMFUL, "the batch size"), range="[1, inf)")
     """Pairs per optimizer step (the pairs are shuffled each epoch, seeded by seed); under several ranks
     each takes an equal share of them."""
-    micro_batch_size: int = knob(8, (NUMERICS, "float summation order and padding of the gradient accumulation"))
+    micro_batch_size: int = knob(8, MICRO_BATCH, range="[1, inf)")
     """Pairs per forward/backward pass (gradient accumulation inside a step)."""
-    eval_every: int = knob(10, EVAL_ONLY)
-    """Held-out pairwise accuracy every N steps (0: only at the end)."""
-    eval_at_start: bool = knob(True, EVAL_ONLY)
-    """Evaluate before the first update, as the baseline."""
-    save_every: int = knob(0, CHECKPOINTING)
-    """Write a checkpoint every N steps (0: only the final one)."""
-    keep_last: int = knob(0, CHECKPOINTING)
-    """Keep only the newest K checkpoints (0: keep all)."""
-    resume: str = knob("", CHECKPOINTING)
-    """'' starts fresh; auto continues from the newest complete checkpoint in the run directory (fresh if
-    none); a path continues from that checkpoint (or the newest one in that run directory)."""
     export: bool = knob(True, (HARMLESS, "what is written at the end, not what is trained"))
     """At the end, write the trained reward model as a Hugging Face sequence-classification directory
     (LoRA merged) with its tokenizer and the record of how pairs were rendered (rlft_rendering.json: chat
     template, system prompt, max_length; reward.models scores by it), in RUN_DIR/reward_model (also: rlft
     export CHECKPOINT OUT)."""
-    threads: int = knob(0, (NUMERICS, "float rounding of CPU kernels that split work by thread"))
-    """torch intra-op threads (0: torch's default)."""
-    device: str = knob("auto", (NUMERICS, "rounding of another device's kernels (a checkpoint maps onto any device)"))
-    """Where the model trains: auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
-    stop_grace_s: float = knob(300.0, WAITING)
-    """After the first Ctrl-C/SIGTERM, how long the current step may take to finish (it is then saved)."""
-    dist_timeout_s: float = knob(300.0, WAITING)
-    """Under several ranks: how long a collective may wait for the other ranks before this rank ends
-    with one line saying another rank stopped answering."""
 
 
 @dataclass
@@ -113,7 +94,7 @@ class RMConfig:
     """AdamW (lr 5e-4 and 5 warm-up steps here: a reward head learns from a random start)."""
     loss: str = knob("bradley_terry", (HARMFUL, "the loss"))
     """Preference loss registered in rlft.algorithms.preference."""
-    seed: int = knob(0, (HARMFUL, "the pair order and the initial score head"))
+    seed: int = knob(0, (HARMFUL, "the pair order and the initial score head"), range="[0, 4294967295]")
     """Seeds the pair order and the initialisation of the score head (and of the LoRA adapter)."""
 
 
@@ -125,6 +106,7 @@ def validate_rm(cfg: RMConfig) -> None:
     """Cross-field checks of ``rlft rm``'s config, each saying what to change."""
     from rlft.algorithms import PREFERENCE_LOSSES  # torch: kept off the config check's start-up
 
+    check_ranges(cfg)
     PREFERENCE_LOSSES.check(cfg.loss, "loss")
     check_model(cfg.model, cfg.trainer.device)
     check_optim(cfg.optim)
@@ -132,20 +114,9 @@ def validate_rm(cfg: RMConfig) -> None:
     if not d.path:
         raise ConfigError("rlft rm needs data.path=FILE_OR_DIR: preference pairs with the columns "
                           f"{d.prompt_field}, {d.chosen_field}, {d.rejected_field}")
-    for name, value in (("trainer.steps", t.steps), ("trainer.batch_size", t.batch_size), ("trainer.nproc", t.nproc),
-                        ("trainer.micro_batch_size", t.micro_batch_size)):
-        if value < 1:
-            raise ConfigError(f"{name}={value} must be at least 1")
-    for name, value in (("trainer.eval_every", t.eval_every), ("trainer.save_every", t.save_every),
-                        ("trainer.keep_last", t.keep_last), ("data.num_eval", d.num_eval),
-                        ("data.max_length", d.max_length), ("trainer.stop_grace_s", t.stop_grace_s)):
-        if value < 0:
-            raise ConfigError(f"{name}={value} must be >= 0")
     if t.batch_size % t.nproc:
         raise ConfigError(f"trainer.batch_size={t.batch_size} must be a multiple of trainer.nproc={t.nproc}: "
                           "each rank takes an equal share of a step's pairs")
-    if t.dist_timeout_s <= 0:
-        raise ConfigError(f"trainer.dist_timeout_s={t.dist_timeout_s:g} must be > 0")
     if d.system_prompt and not d.chat_template:
         raise ConfigError("data.system_prompt is a chat message, but data.chat_template=false sends raw text: "
                           "drop one of them")

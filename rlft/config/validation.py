@@ -1,12 +1,14 @@
-"""Cross-field checks of a composed Config, each with a message saying what to change."""
+"""Checks of a composed Config: every number against its field's range (:func:`check_ranges`), then the
+cross-field checks, each with a message saying what to change."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import math
 import re
+from typing import Any
 
-from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig, OptimConfig
+from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig, OptimConfig, valid_values
 from rlft.errors import ConfigError
 from rlft.rewards.rubric import check_judge
 from rlft.tools.check import check_episode, check_tools
@@ -18,11 +20,35 @@ def policy_budget(cfg: Config) -> int:
     return cfg.sampler.max_new_tokens * (cfg.episode.max_turns if cfg.episode.env or cfg.tools else 1)
 
 
+def check_ranges(cfg: Any, prefix: str = "") -> None:
+    """Every number of a config (any schema's: Config, RMConfig, or one section under its key ``prefix``) against
+    the range its field declares (``knob(..., range=...)``), through sub-sections and list entries
+    (``reward.models[i]``, ``optim.betas[i]``). The later checks may count on these ranges.
+
+    Raises:
+        ConfigError: the first number outside its range, in one line naming the key, the value and the range.
+    """
+    for f in dataclasses.fields(cfg):
+        key, value, valid = f"{prefix}{f.name}", getattr(cfg, f.name), f.metadata.get("range")
+        if dataclasses.is_dataclass(value):
+            check_ranges(value, f"{key}.")
+        elif isinstance(value, list):
+            for i, entry in enumerate(value):
+                if dataclasses.is_dataclass(entry):
+                    check_ranges(entry, f"{key}[{i}].")
+                elif valid is not None and entry not in valid:
+                    raise ConfigError(f"{key}[{i}]={entry} must be {valid}")
+        elif valid is not None and value is not None and value not in valid:
+            raise ConfigError(f"{key}={value} must be {valid_values(type(cfg), f.name)}")
+
+
 def validate(cfg: Config) -> None:
-    """Checks that span several fields, each with a message saying what to change."""
+    """Every number against its range (:func:`check_ranges`), then the checks that span several fields, each
+    with a message saying what to change."""
     # torch, seconds: imported here so that a config is composed and checked before torch loads.
     from rlft.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 
+    check_ranges(cfg)
     _check_episodes(cfg)
     a, s, t = cfg.algo, cfg.sampler, cfg.trainer
     ADV_ESTIMATORS.check(a.adv_estimator, "algo.adv_estimator")
@@ -36,39 +62,21 @@ def validate(cfg: Config) -> None:
         what = (f"sampler.max_new_tokens x episode.max_turns = {budget}" if budget != s.max_new_tokens
                 else f"sampler.max_new_tokens={budget}")
         raise ConfigError(f"algo.overlong_cache={a.overlong_cache} must be in (0, {what}]")
-    if a.max_sampling_rounds < 1:
-        raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be at least 1")
     if a.adv_estimator in ("grpo", "rloo") and s.n < 2:
         raise ConfigError(f"sampler.n={s.n}: group-relative advantages need at least 2 completions per prompt")
     batch = t.num_prompts * s.n
-    if a.num_mini_batches < 1 or batch % a.num_mini_batches:
+    if batch % a.num_mini_batches:
         raise ConfigError(
             f"algo.num_mini_batches={a.num_mini_batches} must divide the rollout batch "
             f"trainer.num_prompts * sampler.n = {batch}"
         )
-    for name, value in [
-        ("trainer.steps", t.steps),
-        ("trainer.num_prompts", t.num_prompts),
-        ("trainer.micro_batch_size", t.micro_batch_size),
-        ("algo.ppo_epochs", a.ppo_epochs),
-        ("sampler.max_new_tokens", s.max_new_tokens),
-    ]:
-        if value < 1:
-            raise ConfigError(f"{name}={value} must be at least 1")
-    if s.temperature <= 0:
-        raise ConfigError(f"sampler.temperature={s.temperature} must be > 0 (log-probs divide by it)")
-    if not 0 < s.top_p <= 1:
-        raise ConfigError(f"sampler.top_p={s.top_p} must be in (0, 1]")
-    if a.clip_eps_low < 0 or a.clip_eps_high < 0 or (a.clip_eps_low >= 1 and a.policy_loss not in ("cispo", "gmpo")):
-        raise ConfigError("algo.clip_eps_low must be in [0, 1) and algo.clip_eps_high >= 0")
+    if a.clip_eps_low >= 1 and a.policy_loss not in ("cispo", "gmpo"):
+        raise ConfigError(f"algo.clip_eps_low must be in [0, 1) with algo.policy_loss={a.policy_loss}, got "
+                          f"{a.clip_eps_low} (only cispo and gmpo take 1 or more)")
     _check_gmpo(a)
     _check_rollout_correction(a)
-    if a.beta < 0:
-        raise ConfigError(f"algo.beta={a.beta} must be >= 0")
     _check_single_pass(a)
     r = cfg.reward
-    if r.num_workers < 0 or r.timeout_s < 0:
-        raise ConfigError(f"reward.num_workers={r.num_workers} and reward.timeout_s={r.timeout_s} must be >= 0")
     if r.on_timeout is not None and r.timeout_s <= 0:
         raise ConfigError(f"reward.on_timeout={r.on_timeout} scores calls that pass reward.timeout_s, which is 0 "
                           "(no limit): set reward.timeout_s=SECONDS, or drop reward.on_timeout")
@@ -83,15 +91,7 @@ def validate(cfg: Config) -> None:
     _check_reward_models(cfg)
     check_model(cfg.model, t.device)
     _check_data(cfg)
-    check_optim(cfg.optim, cfg.algo.critic_lr)
-    if t.keep_last < 0 or t.save_every < 0:
-        raise ConfigError("trainer.save_every and trainer.keep_last must be >= 0")
-    if t.stop_grace_s < 0:
-        raise ConfigError(f"trainer.stop_grace_s={t.stop_grace_s:g} must be >= 0 (0: no deadline)")
-    if t.dist_timeout_s <= 0:
-        raise ConfigError(f"trainer.dist_timeout_s={t.dist_timeout_s:g} must be > 0")
-    if cfg.trainer.nproc < 1:
-        raise ConfigError(f"trainer.nproc={cfg.trainer.nproc} must be >= 1")
+    check_optim(cfg.optim)
     if t.strategy not in ("ddp", "fsdp2"):
         raise ConfigError(f"trainer.strategy='{t.strategy}'; valid choices: ddp, fsdp2")
     if t.strategy == "fsdp2" and not cfg.model.lora.enabled:
@@ -100,8 +100,6 @@ def validate(cfg: Config) -> None:
     if t.strategy == "fsdp2" and "embed_tokens" in cfg.model.lora.target_modules:
         raise ConfigError("model.lora.target_modules: embed_tokens under trainer.strategy=fsdp2 is not supported "
                           "(only the decoder layers' adapters are gathered for the sampler); remove it, or use ddp")
-    if cfg.data.num_eval < 0:
-        raise ConfigError(f"data.num_eval={cfg.data.num_eval} must be >= 0 (0: no evaluation)")
     if cfg.sampler.name not in ("auto", "hf", "vllm"):
         raise ConfigError(f"sampler.name='{cfg.sampler.name}'; valid choices: auto, hf, vllm")
     _check_sampler(cfg)
@@ -142,8 +140,6 @@ def _check_data(cfg: Config) -> None:
     if d.eval_split and d.eval_split == d.split and not d.eval_path:
         raise ConfigError(f"data.eval_split={d.eval_split} is the training split (data.split): its rows would be "
                           "trained on; drop data.eval_split to hold out the last data.num_eval rows instead")
-    if d.max_prompt_tokens < 0:
-        raise ConfigError(f"data.max_prompt_tokens={d.max_prompt_tokens} must be >= 0 (0: no limit)")
     if d.max_prompt_tokens and d.name not in ("jsonl", "hf", "gsm8k"):
         raise ConfigError(f"data.max_prompt_tokens={d.max_prompt_tokens} filters data sets read from files "
                           f"(data=jsonl, hf, gsm8k); data={d.name} generates short prompts: set it to 0")
@@ -153,11 +149,9 @@ def _check_data(cfg: Config) -> None:
 
 
 def _check_reward_models(cfg: Config) -> None:
-    """reward.models' and reward.judges' fields, their metric names, and reward.normalize/clip (the paths are
-    checked at start-up, rlft.components.preflight)."""
+    """reward.models' and reward.judges' fields and their metric names (the paths are checked at start-up,
+    rlft.components.preflight)."""
     r = cfg.reward
-    if not 0 <= r.clip < math.inf:
-        raise ConfigError(f"reward.clip={r.clip} must be >= 0 (0: off)")
     names = list(r.fns)
     for i, m in enumerate(r.models):
         where = f"reward.models[{i}]"
@@ -165,10 +159,6 @@ def _check_reward_models(cfg: Config) -> None:
             raise ConfigError(f"{where} has no path: give {{path: DIR}} (a sequence-classification model directory)")
         if m.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"{where}.dtype='{m.dtype}'; valid choices: auto, bf16, fp32")
-        if m.batch_size < 1 or (m.max_length is not None and m.max_length < 1):
-            raise ConfigError(f"{where}: batch_size={m.batch_size} and max_length={m.max_length} must be at least 1")
-        if not math.isfinite(m.weight):
-            raise ConfigError(f"{where}.weight={m.weight} must be a finite number")
         if m.label in REWARD_METRICS or m.label in names:
             taken = "is a metric rlft logs itself" if m.label in REWARD_METRICS else "is taken by another scorer"
             raise ConfigError(f"{where}: its name '{m.label}' (reward/{m.label}) {taken}; set {where}.name")
@@ -195,26 +185,13 @@ def check_model(m: ModelConfig, device: str) -> None:
     _check_model_source(m)
 
 
-def check_optim(o: OptimConfig, critic_lr: float | None = None) -> None:
-    """AdamW's and the schedule's values: AdamW checks lr only for its defaults, not for param groups,
-    and its own errors would surface as a traceback from inside the run."""
+def check_optim(o: OptimConfig) -> None:
+    """The optimizer's choices beyond its ranges (:func:`check_ranges` holds lr, betas and weight decay where AdamW
+    would check them only for its defaults, not for param groups, its errors a traceback from inside the run)."""
     if o.schedule not in ("constant", "linear", "cosine"):
         raise ConfigError(f"optim.schedule='{o.schedule}'; valid choices: constant, linear, cosine")
-    lrs = (("optim.lr", o.lr),) + ((("algo.critic_lr", critic_lr),) if critic_lr is not None else ())
-    for name, lr in lrs:
-        if not 0 < lr < math.inf:  # also NaN; a negative rate is gradient ascent, 0 trains nothing
-            raise ConfigError(f"{name}={lr} must be > 0")
     if len(o.betas) != 2:
         raise ConfigError(f"optim.betas={list(o.betas)} must be two values [beta1, beta2]")
-    for i, beta in enumerate(o.betas):
-        if not 0 <= beta < 1:
-            raise ConfigError(f"optim.betas[{i}]={beta} must be in [0, 1)")
-    if not 0 <= o.weight_decay < math.inf:
-        raise ConfigError(f"optim.weight_decay={o.weight_decay} must be >= 0")
-    if o.warmup_steps < 0:
-        raise ConfigError(f"optim.warmup_steps={o.warmup_steps} must be >= 0 (0: no warm-up)")
-    if not 0 <= o.max_grad_norm < math.inf:
-        raise ConfigError(f"optim.max_grad_norm={o.max_grad_norm} must be >= 0 (0: no clipping)")
 
 
 def _check_device(device: str, m: ModelConfig) -> None:
@@ -302,17 +279,13 @@ def _check_rollout_correction(a: AlgoConfig) -> None:
     if a.rollout_correction != "none" and a.rollout_correction not in ROLLOUT_CORRECTIONS:
         raise ConfigError(f"algo.rollout_correction='{a.rollout_correction}'; valid choices: none, "
                           f"{', '.join(ROLLOUT_CORRECTIONS.names())}")
-    if a.tis_cap < 0:
-        raise ConfigError(f"algo.tis_cap={a.tis_cap} must be >= 0 (0: off)")
     if a.tis_cap > 0 and a.rollout_correction != "none":
         raise ConfigError(f"algo.tis_cap={a.tis_cap} is the shorthand for algo.rollout_correction=token_tis "
                           f"algo.rollout_is_high={a.tis_cap}; drop it to use algo.rollout_correction="
                           f"{a.rollout_correction}")
-    if not 0 <= a.rollout_is_low < a.rollout_is_high:
+    if not a.rollout_is_low < a.rollout_is_high:
         raise ConfigError(f"algo.rollout_is_low={a.rollout_is_low} and algo.rollout_is_high={a.rollout_is_high} "
                           "must satisfy 0 <= low < high")
-    if not a.entropy_coef >= 0:
-        raise ConfigError(f"algo.entropy_coef={a.entropy_coef} must be >= 0 (0: no entropy bonus)")
 
 
 def _correction_key(a: AlgoConfig) -> tuple[str, str]:
@@ -329,8 +302,6 @@ def _check_sampler(cfg: Config) -> None:
     s, a = cfg.sampler, cfg.algo
     if s.sync_check not in ("error", "warn", "off"):
         raise ConfigError(f"sampler.sync_check='{s.sync_check}'; valid choices: error, warn, off")
-    if s.sync_check_tol is not None and not s.sync_check_tol > 0:
-        raise ConfigError(f"sampler.sync_check_tol={s.sync_check_tol}; must be > 0 (null: by dtype)")
     if s.sync_check_tol is not None and s.sync_check == "off":
         raise ConfigError(f"sampler.sync_check_tol={s.sync_check_tol} does nothing with sampler.sync_check=off: "
                           "drop one of them")
@@ -353,8 +324,6 @@ def _check_sampler(cfg: Config) -> None:
         if v.max_model_len <= s.max_new_tokens:
             raise ConfigError(f"sampler.vllm.max_model_len={v.max_model_len} leaves no room for a prompt: it counts "
                               f"prompt and completion, so it must exceed sampler.max_new_tokens={s.max_new_tokens}")
-        if v.kv_cache_gb is not None and v.kv_cache_gb < 0:
-            raise ConfigError(f"sampler.vllm.kv_cache_gb={v.kv_cache_gb}; must be >= 0 (0: use gpu_memory_utilization)")
         if v.sync not in ("merged", "adapter"):
             raise ConfigError(f"sampler.vllm.sync='{v.sync}'; valid choices: merged, adapter")
         if v.sync == "adapter" and not cfg.model.lora.enabled:

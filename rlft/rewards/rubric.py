@@ -8,7 +8,6 @@ never an exception: a judge's reply is model output, not something the user can 
 
 from __future__ import annotations
 
-import math
 import re
 import string
 from collections.abc import Mapping
@@ -91,8 +90,8 @@ def check_template(template: str, where: str) -> None:
 
 def check_judge(j: JudgeConfig, where: str) -> None:
     """Raise ConfigError (naming ``where``, e.g. ``reward.judges[0]``) unless judge ``j``'s fields are valid
-    (its model is checked at start-up: rlft.rewards.judges.check_judge_model; its name with the other
-    scorers': rlft.config.validation)."""
+    (its numbers' ranges, and its name with the other scorers', are checked by rlft.config.validation; its
+    model at start-up: rlft.rewards.judges.check_judge_model)."""
     if j.kind not in KINDS:
         raise ConfigError(f"{where}.kind='{j.kind}'; valid choices: {', '.join(KINDS)}")
     if j.template is not None:
@@ -106,13 +105,6 @@ def check_judge(j: JudgeConfig, where: str) -> None:
         raise ConfigError(f"{where}: min_score={j.min_score:g} must be below max_score={j.max_score:g}")
     if j.kind == "verdict" and j.verdicts is not None and (not j.verdicts or not all(w.strip() for w in j.verdicts)):
         raise ConfigError(f"{where}.verdicts={dict(j.verdicts)} needs at least one verdict, each a non-empty word")
-    if j.max_new_tokens < 1 or j.batch_size < 1:
-        raise ConfigError(f"{where}: max_new_tokens={j.max_new_tokens} and batch_size={j.batch_size} must be at "
-                          "least 1")
-    if not math.isfinite(j.weight):
-        raise ConfigError(f"{where}.weight={j.weight} must be a finite number")
-    if j.temperature < 0:
-        raise ConfigError(f"{where}.temperature={j.temperature:g} must be >= 0 (0: greedy)")
     if j.sampler not in ("auto", "hf", "vllm"):
         raise ConfigError(f"{where}.sampler='{j.sampler}'; valid choices: auto, hf, vllm")
 
