@@ -34,6 +34,7 @@ from rlft.errors import ConfigError, RlftError, fail
 from rlft.jobs import JOB_STATUS, JobState, failed, write_status  # noqa: F401  (JOB_STATUS: re-exported)
 from rlft.launch import final_accuracy, launch, rank_args, rank_status, without
 from rlft.paths import quote_home, user_path
+from rlft.preflight import run_elsewhere
 from rlft.sweep import expand
 
 # torch (rlft.distributed, rlft.trainer) and transformers are imported inside the functions that
@@ -202,14 +203,14 @@ def run_task(raw: Any, app: App) -> float:
 
 def _train_job(raw: Any, run_dir: Path, in_sweep: bool, status: dict[str, Any], t0: float) -> float:
     """``rlft train``'s :attr:`App.job`: this process's ranks, or trainer.nproc ranks through the launcher."""
-    from rlft.components import preflight  # torch
     from rlft.distributed import launched  # torch
-    from rlft.trainer import train  # torch
 
     cfg = to_config(raw)
-    if cfg.trainer.nproc > 1 and not launched():
-        preflight(cfg, cfg.trainer.nproc)
+    if cfg.trainer.nproc > 1 and not launched():  # the launcher: it waits for its ranks, loads nothing
+        run_elsewhere(OmegaConf.to_yaml(raw, resolve=True), cfg.trainer.nproc)
         return run_ranks(TRAIN_APP, cfg.trainer.nproc, run_dir, in_sweep, status, t0)
+    from rlft.trainer import train  # torch, transformers
+
     check_nproc(cfg.trainer.nproc)
     metrics = train(cfg, run_dir, OmegaConf.to_yaml(raw, resolve=True))
     return final_accuracy(metrics)

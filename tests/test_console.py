@@ -92,6 +92,23 @@ def test_a_config_error_of_a_job_on_ranks_is_one_line_before_any_rank_starts(tmp
     assert r.stdout == "" and json.loads((tmp_path / "job.json").read_text())["exit_code"] == 2
 
 
+def test_the_launcher_of_ranks_runs_no_user_code(tmp_path):
+    """trainer.nproc's launcher only waits for its ranks: the pre-flight check that imports the user's reward
+    module (and transformers) runs in a child of its own (rlft.preflight), not in the launcher."""
+    (tmp_path / "pid_reward.py").write_text(
+        "import os\nopen(os.path.join(os.path.dirname(__file__), 'importers'), 'a').write(f'{os.getpid()}\\n')\n"
+        "def score(completion, answer=None, **kw):\n    return 0.0\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    env.pop("RANK", None)
+    proc = subprocess.Popen([sys.executable, "-m", "rlft", "train", *TINY, "trainer.nproc=3", "trainer.num_prompts=4",
+                             "reward.fns=[pid_reward:score]", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2 and "trainer.num_prompts=4 must be a multiple of the 3 ranks" in err, err
+    importers = (tmp_path / "importers").read_text().split()
+    assert len(importers) == 1 and int(importers[0]) != proc.pid  # the check imported it, in its own process
+
+
 @pytest.fixture
 def third_party():
     """A library's logger with its own console handler, as torch's and transformers' have."""
