@@ -313,17 +313,22 @@ def _host_ip() -> str:
         return "127.0.0.1"
 
 
-def _survivors() -> list[int]:
-    """Running processes named SURVIVOR (a killed one waiting for init to reap it is not running)."""
+def running_named(name: str) -> list[int]:
+    """Pids of this machine's running processes whose name (comm) is ``name`` (a killed one waiting for init to
+    reap it is not running). tests/test_tools.py uses it too."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             comm, state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
         except OSError:
             continue
-        if comm.split("(", 1)[1] == SURVIVOR and state.split()[0] not in ("Z", "X"):
+        if comm.split("(", 1)[1] == name and state.split()[0] not in ("Z", "X"):
             out.append(int(pid))
     return out
+
+
+def _survivors() -> list[int]:
+    return running_named(SURVIVOR)
 
 
 def judge(name: str, out: str, s: Stand, before: dict[str, str], level: str) -> tuple[bool, str]:

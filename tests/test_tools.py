@@ -17,6 +17,7 @@ from rlft.tools.check import check_episode, check_tools
 from rlft.tools.format import ToolCall, parse_tool_calls, system_prompt, template_takes_tools
 from rlft.tools.run import ERRORS, ToolResult, ToolRunner, count_errors
 from rlft.tools.spec import load_tools
+from tests.sandbox_attacks import running_named
 
 H = "tests.tool_helpers"
 
@@ -212,20 +213,6 @@ def test_python_prints_and_cannot_read_the_parents_environment(monkeypatch, leve
     assert raised.endswith("ZeroDivisionError: division by zero\n\n[exited with code 1]") and '"<stdin>"' in raised
 
 
-def _named(name: str) -> list[int]:
-    """Pids of this machine's running processes whose name (comm) is ``name`` (zombies waiting for init to reap
-    them are not running)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            comm, state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
-        except OSError:
-            continue
-        if comm.split("(", 1)[1] == name and state.split()[0] not in ("Z", "X"):
-            found.append(int(pid))
-    return found
-
-
 @pytest.mark.parametrize("level", ["bwrap", "process"])
 def test_python_cannot_outlive_its_timeout(level):
     name = f"rlftkid{os.getpid() % 10**6}"  # comm holds 15 characters
@@ -245,9 +232,9 @@ def test_python_cannot_outlive_its_timeout(level):
     assert result.content.startswith("Error: python did not finish within 1 s and was killed; its output so far:\n")
     assert "started" in result.content
     deadline = time.monotonic() + 2.0
-    while _named(name) and time.monotonic() < deadline:
+    while running_named(name) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _named(name) == []
+    assert running_named(name) == []
 
 
 def test_python_memory_hog_fails_with_memory_error():

@@ -14,7 +14,6 @@ import operator
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -152,8 +151,8 @@ def _boot(limits: list[int], sandboxed: bool) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(sandbox.NOBODY if sandboxed else 0), *map(str, limits)]
 
 
-def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int, sandboxed: bool = True,
-               max_procs: int = 16) -> str:
+def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int, sandboxed: bool,
+               max_procs: int) -> str:
     """Run ``code`` with this venv's python in isolated mode, in a bwrap sandbox (``sandboxed``,
     rlft.tools.sandbox) or in a session and temporary directory of its own with a scrubbed environment,
     under ``limits`` (RLIMIT_AS, _CPU, _FSIZE, _CORE, _NPROC, _NOFILE; -1: unchanged); kill everything it started
@@ -195,8 +194,7 @@ def _started(boot: list[str], memory_bytes: int, max_procs: int, source: Any, ou
     try:
         yield proc
     finally:
-        _kill_group(proc.pid)
-        proc.wait()
+        sandbox.reap(proc)
 
 
 def _wait_exit(pid: int, timeout_s: float) -> bool:
@@ -216,14 +214,6 @@ def _wait_exit(pid: int, timeout_s: float) -> bool:
         return bool(select.select([fd], [], [], timeout_s)[0])
     finally:
         os.close(fd)
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL every process left in the child's session group (what it forked and left running)."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _read(output: Any, output_chars: int) -> str:

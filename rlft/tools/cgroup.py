@@ -116,11 +116,7 @@ def _can_make(parent: Path) -> bool:
 def _own_cgroups() -> dict[str, str]:
     """This process's cgroup path per controller ('' for v2's unified hierarchy)."""
     out: dict[str, str] = {}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
+    for line in _lines("/proc/self/cgroup"):
         _, controllers, path = line.split(":", 2)
         for c in controllers.split(",") if controllers else [""]:
             out[c] = path
@@ -130,11 +126,7 @@ def _own_cgroups() -> dict[str, str]:
 def _mounts() -> dict[str, Path]:
     """Mount points: 'cgroup2' for the unified hierarchy, the controller's name for a v1 one."""
     out: dict[str, Path] = {}
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
+    for line in _lines("/proc/self/mounts"):
         _, where, fstype, options = line.split()[:4]
         if fstype == "cgroup2":
             out.setdefault("cgroup2", Path(where))
@@ -143,3 +135,11 @@ def _mounts() -> dict[str, Path]:
                 if opt in ("memory", "pids"):
                     out.setdefault(opt, Path(where))
     return out
+
+
+def _lines(path: str) -> list[str]:
+    """The file's lines; none where it cannot be read (not Linux, no /proc)."""
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []

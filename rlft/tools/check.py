@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 BUILTIN_NAMES = ("calculator", "python")
 TOOL_FORMATS = ("auto", "template", "rlft")
 SANDBOX_LEVELS = ("bwrap", "process")
-"""episode.python_sandbox (rlft.tools.sandbox.LEVELS, without importing it)."""
+"""episode.python_sandbox: rlft.tools.sandbox's bwrap, or a plain process."""
 
 
 def check_tools(names: Sequence[str]) -> None:

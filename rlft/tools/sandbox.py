@@ -12,14 +12,16 @@ Two levels (``episode.python_sandbox``):
   with no groups before the program starts; otherwise the user namespace holds no capability outside.
   The program's processes die with the namespace's first process: at the end of the call, at the
   timeout, and with the trainer (``--die-with-parent``).
+  A seccomp filter (rlft.tools.seccomp) refuses the calls that reach past the namespaces (keyrings, a new
+  user namespace, ptrace).
 - ``process``: the program in a process of its own under the same rlimits, as the trainer's user (what
-  rlft did before 0.2): a guard against accidents, not against a policy that looks for the answer file.
+  rlft did before the sandbox): a guard against accidents, not against a policy that looks for the answer file.
 
-Bounds on the whole sandbox, not per process: ``RLIMIT_NPROC`` counts the tasks of the sandbox's user
-in its own user namespace (as root: of uid 65534), so it caps the sandbox's processes and threads;
-``RLIMIT_AS`` caps each process. Where a cgroup can be made (rlft.tools.cgroup), its memory and pids
-limits cap the sandbox's total. Every process in it starts with ``oom_score_adj`` 1000, so that the
-kernel's OOM killer takes a sandbox process before the trainer.
+Bounds on the whole sandbox, not per process: where a cgroup can be made (rlft.tools.cgroup), its memory
+and pids limits cap the sandbox's total; elsewhere ``RLIMIT_NPROC`` counts the tasks of the sandbox's user
+in its own user namespace, so it caps the sandbox's processes and threads, and ``RLIMIT_AS`` caps each
+process. Every process in it starts with ``oom_score_adj`` 1000, so that the kernel's OOM killer takes a
+sandbox process before the trainer.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from typing import Any
 from rlft.errors import ConfigError
 from rlft.tools import cgroup, seccomp
 
-LEVELS = ("bwrap", "process")  # = rlft.tools.check.SANDBOX_LEVELS
 NOBODY = 65534
 """The uid and gid the program runs as under a root trainer (nobody on most distributions)."""
 TMP_BYTES = 64 * 2**20
@@ -134,7 +135,7 @@ def started(argv: list[str], memory_bytes: int, max_procs: int, **io: Any) -> It
             proc = subprocess.Popen(args + argv, cwd="/", env={}, pass_fds=passed, start_new_session=True, **io)
         finally:
             os.close(info_w)  # bwrap holds its copy: info_r reads EOF when bwrap is gone
-        stack.callback(_end, proc)  # runs before the fds close and the cgroup goes
+        stack.callback(reap, proc)  # runs before the fds close and the cgroup goes
         pid, first = _first_process(info_r)
         if first is not None:
             stack.callback(_kill_first, first)
@@ -150,7 +151,10 @@ def _kill_first(pidfd: int) -> None:
     os.close(pidfd)
 
 
-def _end(proc: subprocess.Popen) -> None:
+def reap(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left in the session group ``proc`` leads (started with ``start_new_session``), then reap
+    ``proc``. Called after ``proc`` exited but before it is reaped: while the leader is an unreaped zombie its
+    group id cannot be taken by another process, so the kill never hits a stranger."""
     with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -21,6 +21,7 @@ numbers are refused too.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import struct
@@ -50,6 +51,7 @@ REFUSED = ("ptrace", "keyctl", "add_key", "request_key", "unshare", "setns", "pr
            "perf_event_open", "bpf", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register")
 
 
+@functools.cache  # the same bytes for every call of a run
 def program(machine: str | None = None) -> bytes | None:
     """The filter as bwrap reads it (``struct sock_filter`` records), for ``machine`` (default: this one)."""
     arch = _ARCHES.get(machine or platform.machine())
