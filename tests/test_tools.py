@@ -87,6 +87,11 @@ def test_check_tools_imports_nothing_and_the_episode_checks():
     check_episode(EpisodeConfig())
     with pytest.raises(ConfigError, match="episode.tool_format='xml'; valid choices: auto, template, rlft"):
         check_episode(EpisodeConfig(tool_format="xml"))
+    with pytest.raises(ConfigError, match=r"^episode.python_max_procs=4 does nothing with episode.python_sandbox="
+                                          r"process \(it bounds the sandbox's processes\): drop one of them$"):
+        check_episode(EpisodeConfig(python_sandbox="process", python_max_procs=4))
+    check_episode(EpisodeConfig(python_sandbox="process"))
+    check_episode(EpisodeConfig(python_max_procs=4))
     check_ranges(EpisodeConfig(), "episode.")
     for field, value, message in [("tool_timeout_s", 0.0, "episode.tool_timeout_s=0.0 must be > 0"),
                                   ("max_turns", 0, "episode.max_turns=0 must be >= 1"),

@@ -3,6 +3,7 @@ and transformers load (rlft.tools.spec loads the tools themselves)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,5 +50,10 @@ def check_episode(cfg: EpisodeConfig) -> None:
     """
     if cfg.python_sandbox not in SANDBOX_LEVELS:
         raise ConfigError(f"episode.python_sandbox='{cfg.python_sandbox}'; valid choices: {', '.join(SANDBOX_LEVELS)}")
+    default_procs = next(f.default for f in dataclasses.fields(cfg) if f.name == "python_max_procs")
+    if cfg.python_sandbox == "process" and cfg.python_max_procs != default_procs:
+        # RLIMIT_NPROC there would count every process of your user, the trainer's threads included.
+        raise ConfigError(f"episode.python_max_procs={cfg.python_max_procs} does nothing with "
+                          "episode.python_sandbox=process (it bounds the sandbox's processes): drop one of them")
     if cfg.tool_format not in TOOL_FORMATS:
         raise ConfigError(f"episode.tool_format='{cfg.tool_format}'; valid choices: {', '.join(TOOL_FORMATS)}")
