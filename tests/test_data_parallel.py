@@ -30,6 +30,10 @@ ALGOS = {
     "dapo": ["algo=dapo", "algo.overlong_filter=false", "algo.ppo_epochs=2", "algo.num_mini_batches=2", "optim.lr=1e-3"],
     "ppo": ["algo=ppo", "algo.num_mini_batches=2", "algo.value_clip=0", "algo.critic_lr=1e-2"],
 }
+# Weights after the update, relative to each tensor's norm. DAPO's four AdamW steps still carry the gradient sum's
+# rounding further than one step does (1.8e-5 on one lora_B in CI once the prompts' rendering changed in c2a5aee).
+# The loss and the gradient norm below stay at 1e-5: a wrong split of the token mean across ranks shows there.
+WEIGHT_TOL = {"grpo": 1e-5, "dapo": 5e-5, "ppo": 1e-5}
 
 
 def _torchrun(nproc: int, *args: str) -> None:
@@ -70,7 +74,7 @@ def test_two_rank_update_equals_one_rank_update(algo, strategy, tmp_path):
     moved = 0
     for k, w in want.items():
         rel = float((got[k] - w).norm() / w.norm().clamp(min=1e-12))
-        assert rel <= 1e-5, f"{k}: |two - one| / |one| = {rel:.2e}"
+        assert rel <= WEIGHT_TOL[algo], f"{k}: |two - one| / |one| = {rel:.2e}"
         moved += int(w.abs().max() > 0)
     assert moved > 0
     assert abs(float(got["metric/loss"]) - one["loss"]) <= 1e-5 * max(1.0, abs(one["loss"]))
