@@ -207,6 +207,92 @@ def test_export_loads_with_transformers_and_scores_as_the_trained_model(trained,
     assert (got[: len(pairs)] > got[len(pairs):]).float().mean() >= 0.9
 
 
+# ---------------------------------------------------------------------------------------
+# Scores in fp32 under bf16 (issue 35 item 6): two replies whose scores differ by 1e-4 at 1.0, where
+# bf16's step is 2^-7 = 0.0078, still order.
+
+CLOSE = 1e-4
+
+
+def head_for(hidden: torch.Tensor, targets: list[float]) -> torch.Tensor:
+    """The (1, hidden) head weight in fp32 whose products with the rows of ``hidden`` are ``targets``
+    (the least-norm solution, in float64)."""
+    h = hidden.double()
+    return (h.T @ torch.linalg.solve(h @ h.T, torch.tensor(targets, dtype=torch.float64)))[None].float()
+
+
+def head_inputs(model, run) -> torch.Tensor:
+    """The score head's input at the last position of each row, as ``run()`` feeds it (rows of one length)."""
+    head = min(((n, m) for n, m in model.named_modules() if n.endswith("score")), key=lambda nm: len(nm[0]))[1]
+    seen = []
+    handle = head.register_forward_hook(lambda _m, args, _out: seen.append(args[0][:, -1].detach().clone()))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        handle.remove()
+    return torch.cat(seen)
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_bf16_training_scores_closer_than_a_bf16_step_still_order(lora):
+    """The training forward (held-out accuracy, margin and a training step's) under model.dtype=bf16: the head
+    runs in fp32 on the bf16 hidden state, its weight kept in fp32."""
+    from rlft.rm.data import Encoded
+    from rlft.rm.model import build_reward_model
+    from rlft.rm.train import evaluate, train_step
+
+    cfg, _ = rm_compose("model=tiny", "model.dtype=bf16", f"model.lora.enabled={lora}", "data.path=p.jsonl")
+    rm = build_reward_model(cfg.model, 0, torch.device("cpu"))
+    chosen, rejected = [40, 41, 42, 43, 44], [40, 41, 42, 43, 45]
+    rm.model.eval()
+    hidden = head_inputs(rm.model, lambda: rm.scores([chosen, rejected]))
+    weight = next(p for n, p in rm.trainable().items() if "score" in n)
+    assert weight.dtype == torch.float32
+    with torch.no_grad():
+        weight.copy_(head_for(hidden, [1.0 + CLOSE, 1.0]))
+        got = rm.scores([chosen, rejected])
+    assert got.dtype == torch.float32
+    assert abs(got[0].item() - (1.0 + CLOSE)) < 1e-5 and abs(got[1].item() - 1.0) < 1e-5, got.tolist()
+    loss = PREFERENCE_LOSSES.get("bradley_terry")
+    held_out = evaluate(rm, [Encoded(chosen, rejected, None)], 2, loss)
+    assert held_out["eval/rm_accuracy"] == 1.0 and abs(held_out["eval/rm_margin"] - CLOSE) < 1e-5, held_out
+    optimizer = torch.optim.SGD(list(rm.trainable().values()), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    step = train_step(rm, [Encoded(chosen, rejected, None)], optimizer, scheduler, 2, 1.0, loss)
+    assert step["rm/accuracy"] == 1.0 and abs(step["rm/margin"] - CLOSE) < 1e-5, step
+    assert weight.grad is not None and weight.grad.dtype == torch.float32
+
+
+def test_exported_bf16_scores_closer_than_a_bf16_step_still_order(tmp_path):
+    """Export, then reward.models scoring in bf16: the fp32 head is saved and loaded in fp32 and applied in fp32."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlft.config.schemas import RewardModelConfig
+    from rlft.rewards.models import RewardModel
+    from rlft.rewards.registry import Sample
+    from rlft.rm.data import rendering
+    from rlft.rm.model import build_reward_model, save_reward_model
+
+    cfg, _ = rm_compose("model=tiny", "model.dtype=bf16", "data.path=p.jsonl", "data.chat_template=false")
+    rm = build_reward_model(cfg.model, 0, torch.device("cpu"))
+    replies = [Sample("Q: apple river\nA:", " good", "", 1, False), Sample("Q: apple river\nA:", " bad", "", 1, False)]
+
+    def scorer(out):
+        return RewardModel(RewardModelConfig(path=str(out), batch_size=1), torch.device("cpu"), "bf16")
+
+    first = scorer(save_reward_model(rm, tmp_path / "first", rendering(cfg.data, rm.tokenizer)))
+    hidden = head_inputs(first.model, lambda: first.score(replies))
+    weight = next(p for n, p in rm.trainable().items() if "score" in n)
+    with torch.no_grad():
+        weight.copy_(head_for(hidden, [1.0 + CLOSE, 1.0]))
+    out = save_reward_model(rm, tmp_path / "second", rendering(cfg.data, rm.tokenizer))
+    got = scorer(out).score(replies)
+    assert abs(got[0] - (1.0 + CLOSE)) < 1e-5 and abs(got[1] - 1.0) < 1e-5, got
+    plain = AutoModelForSequenceClassification.from_pretrained(str(out))  # still a transformers directory
+    torch.testing.assert_close(plain.score.weight, weight.detach(), rtol=0, atol=0)
+
+
 def test_resume_continues_exactly(tmp_path):
     from safetensors.torch import load_file
 

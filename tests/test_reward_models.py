@@ -222,3 +222,28 @@ def test_plot_shows_model_against_gold(tmp_path):
         (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     widths = {run: imread(plot_run(tmp_path / run)).shape[1] for run in ("plain", "rm")}
     assert widths == {"plain": 1000, "rm": 1500}  # a third panel, 5 inches at 100 dpi
+
+
+@pytest.mark.parametrize("stored", ["fp32", "bf16"])
+def test_bf16_scoring_reads_the_head_in_fp32(tmp_path, stored):
+    """Issue 35 item 6: under dtype=bf16 the backbone runs in bf16 but the score is the bf16 hidden state times
+    the head as stored (fp32 kept, a bf16 head upcast), in fp32: not rounded to bf16's 2^-8 of its size."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification
+
+    write_reward_model(tmp_path / "fp32")
+    path = tmp_path / stored
+    if stored == "bf16":  # a model from the hub saved in bf16, head included
+        AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "fp32"), dtype=torch.bfloat16).save_pretrained(path)
+        for f in (tmp_path / "fp32").iterdir():  # the tokenizer's files
+            if not (path / f.name).exists():
+                (path / f.name).write_bytes(f.read_bytes())
+    head = load_file(str(path / "model.safetensors"))["score.weight"]
+    assert head.dtype == (torch.float32 if stored == "fp32" else torch.bfloat16)
+    rm = RewardModel(RewardModelConfig(path=str(path), batch_size=1), CPU, "bf16")
+    seen = []
+    rm.model.score.register_forward_hook(lambda _m, args, _out: seen.append(args[0][0, -1]))
+    got = [rm.score([s])[0] for s in SAMPLES]
+    assert len(seen) == len(SAMPLES) and all(h.dtype == torch.bfloat16 for h in seen)  # the backbone ran in bf16
+    want = [float(h.double() @ head.double()[0]) for h in seen]
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-5), (got, want)

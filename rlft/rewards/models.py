@@ -9,7 +9,9 @@ chat template when it has one, no system prompt, 1024 tokens); the RewardModelCo
 override both. Special-token strings the policy writes stay text (rlft.data.safe_tokens). Replies
 are scored in batches of ``batch_size``, sorted by length, right-padded with the model's pad id,
 without gradients, on the learner's device; the score is the model's own pooled output (its head at
-the last non-pad token), as TRL's trainers read it. A rendering longer than ``max_length`` keeps the
+the last non-pad token), as TRL's trainers read it, that head computed in fp32 on the hidden state cast
+to fp32 whatever ``dtype`` the backbone runs in (its weights read in fp32 as stored, a bf16 head upcast:
+rlft.models.score_head). A rendering longer than ``max_length`` keeps the
 whole prompt and the reply's end, its beginning cut (``reward/<name>/truncated_frac``); one whose
 prompt leaves no room for the reply is unscored, NaN (``reward/<name>/too_long_frac``); see
 rlft.data.conversation for why, against verl's right-truncation.
@@ -27,6 +29,7 @@ import torch
 from rlft.data.conversation import Fitted, Rendering, conversation_ids, fit_conversation, read_rendering
 from rlft.errors import ModelError
 from rlft.models.loading import DTYPES
+from rlft.models.score_head import fp32_head, stored_head
 from rlft.paths import user_path
 from rlft.rewards.registry import Sample
 
@@ -96,6 +99,8 @@ class RewardModel:
                 src, dtype=DTYPES[dtype], attn_implementation="sdpa" if device.type == "cuda" else "eager")
         except Exception as e:  # noqa: BLE001
             raise ModelError(f"reward.models: {m.path}: cannot load the model: {type(e).__name__}: {e}") from None
+        # the head in fp32, with the values its files hold (a loader in bf16 rounded them)
+        fp32_head(model, stored_head(user_path(m.path)) if DTYPES[dtype] != torch.float32 else None)
         if model.config.pad_token_id is None:  # its pooling finds the last token that is not the pad id
             model.config.pad_token_id = tok.pad_token_id
         self.pad_id = int(model.config.pad_token_id)

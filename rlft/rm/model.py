@@ -3,7 +3,8 @@
 head trained fully, as peft's ``modules_to_save``) or in full, per the model group's ``lora`` settings.
 
 A sequence's reward is the head's output at its last non-pad token, as transformers computes it, so
-the exported directory scores exactly as the trained model does.
+the exported directory scores exactly as the trained model does. The head is kept and applied in fp32
+(rlft.models.score_head) whatever the backbone's dtype: a bf16 score would round close pairs to a tie.
 """
 
 from __future__ import annotations
@@ -23,13 +24,10 @@ from rlft.data.conversation import Rendering, write_rendering
 from rlft.errors import CheckpointError
 from rlft.models.device import autocast
 from rlft.models.loading import DTYPES, load_base
+from rlft.models.score_head import HEAD, fp32_head
 
 if TYPE_CHECKING:
     from rlft.config.schemas import ModelConfig
-
-HEAD = "score"
-"""The classification head of transformers' ``*ForSequenceClassification`` decoders."""
-
 
 @dataclass
 class RewardModel:
@@ -45,7 +43,8 @@ class RewardModel:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
     def scores(self, sequences: list[list[int]]) -> Tensor:
-        """The reward of each token sequence, (N,) in fp32; right-padded into one forward pass."""
+        """The reward of each token sequence, (N,), computed in fp32 by the head; right-padded into one
+        forward pass."""
         pad = self.tokenizer.pad_token_id
         width = max(len(s) for s in sequences)
         ids = torch.full((len(sequences), width), pad, dtype=torch.long)
@@ -63,11 +62,13 @@ def build_reward_model(cfg: ModelConfig, seed: int, device: torch.device,
     """The model named by ``cfg`` with a new (seeded) one-output head, ready to train on ``device``.
 
     Under LoRA the frozen base is kept in the compute dtype and the adapter and head in fp32 (AdamW's
-    updates of bf16 weights would round away); full fine-tuning keeps fp32 weights under autocast.
+    updates of bf16 weights would round away); full fine-tuning keeps fp32 weights under autocast. Either
+    way the head computes in fp32, outside autocast, on the hidden state cast to fp32.
     """
     compute = DTYPES[cfg.dtype]
     base, tok = load_base(cfg, compute if cfg.lora.enabled else torch.float32, seed, device, num_labels=1,
                           notes=notes)
+    fp32_head(base)  # before peft: its trained copy of the head (modules_to_save) is this fp32 module
     if cfg.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = base
