@@ -88,6 +88,8 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     a = cfg.algo
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference, device=device)
     episodes = episode_setup(cfg)
+    if episodes is not None:  # before any sampling: a template the episodes cannot use stops the run here
+        episodes.check_template(policy.tokenizer, task, cfg.data)
     task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler),  # counts: task.dropped
                                    prompt_overhead(episodes, policy.tokenizer, task, cfg.data))
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)

@@ -124,6 +124,8 @@ def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, An
     cfg.model.dtype = resolve_precision(cfg.model, device.type).dtype
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False, device=device)
     episodes = episode_setup(cfg)
+    if episodes is not None:  # before any sampling: a template the episodes cannot use stops the run here
+        episodes.check_template(policy.tokenizer, task, cfg.data)
     task = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler),
                              prompt_overhead(episodes, policy.tokenizer, task, cfg.data))[0]
     problems = task.eval_problems

@@ -42,6 +42,17 @@ class RaisingEnv:
         raise KeyError("no such room")
 
 
+class UnbuildableEnv:
+    """Raises when an episode builds it (after the run's first sampling): a run that stops with another error (exit 2)
+    stopped before it sampled."""
+
+    def __init__(self, problem):
+        raise RuntimeError("built")
+
+    def step(self, reply: str) -> Step:
+        return Step(done=True)
+
+
 class JunkEnv:
     def __init__(self, problem):
         pass

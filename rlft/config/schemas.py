@@ -660,6 +660,10 @@ class EpisodeConfig:
     """How the tools are shown to the policy and its calls read: template (the tokenizer's chat template
     renders them, tools=), rlft (rlft's system prompt with <tool_call>{json}</tool_call> calls: see
     docs/usage.md), or auto (template when the chat template takes tools, else rlft)."""
+    tool_role: str = knob("tool", EPISODES)
+    """The role tool results come back in: tool (one tool message per call), or user (one user message holding
+    each result in <tool_response></tool_response>: for chat templates that take only alternating user/assistant
+    turns, as Gemma's and Mistral's; the run stops at start-up, saying so, when the template refuses a tool message)."""
     max_tool_calls: int = knob(1, EPISODES, range="[1, inf)")
     """Tool calls of one reply that are run, at most (>= 1); the policy reads an error for each call after them
     (too_many_calls). The default is verl's multi-turn max_parallel_calls (1, in verl/trainer/config/rollout/

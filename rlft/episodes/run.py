@@ -167,7 +167,9 @@ def _advance(ep: _Episode, tokenizer: Any, limits: Limits, params: SamplingParam
         ep.truncated = True
         return False
     stop = ep.tokens[-1] if ep.tokens else None
-    ids = turn_suffix_ids(tokenizer, step.messages, tokenizer.decode([stop]) if stop is not None else "")
+    # The start-up check (EpisodeSetup.check_template) rendered a probe answer; what an environment sends may differ.
+    ids = turn_suffix_ids(tokenizer, step.messages, tokenizer.decode([stop]) if stop is not None else "",
+                          f"the environment ({env_name}) must answer in roles the template takes")
     if _room(ep, ids, limits, params.max_new_tokens) < 1:
         ep.truncated = True
         return False

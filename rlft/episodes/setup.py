@@ -13,10 +13,11 @@ from rlft.data.chat import problem_ids
 from rlft.data.safe_tokens import chat_ids
 from rlft.episodes.env import load_env
 from rlft.episodes.run import Limits
-from rlft.episodes.tool_env import ToolEnv
-from rlft.errors import ConfigError
+from rlft.episodes.tokens import check_turns
+from rlft.episodes.tool_env import ToolEnv, result_messages
+from rlft.errors import ConfigError, RlftError
 from rlft.tools.format import system_prompt, template_takes_tools
-from rlft.tools.run import ToolRunner
+from rlft.tools.run import ToolResult, ToolRunner
 from rlft.tools.spec import Tool, load_tools
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class EpisodeSetup:
     auto (template when the chat template takes tools)."""
     max_tool_calls: int | None = None
     """The calls of one reply that are run (episode.max_tool_calls), told in rlft's system prompt; None: no cap."""
+    tool_role: str = "tool"
+    """The role the tool results come back in (episode.tool_role: tool, or user)."""
 
     def make(self, problem: Problem) -> Any:
         return self.env_class(problem)
@@ -56,10 +59,49 @@ class EpisodeSetup:
             return chat_ids(tokenizer, messages, tools=[t.schema for t in self.tools], add_generation_prompt=True)
         else:
             own = messages.pop(0)["content"] if messages[0]["role"] == "system" else data_cfg.system_prompt
-            messages.insert(0, {"role": "system", "content": system_prompt(self.tools, own, self.max_tool_calls)})
+            messages.insert(0, {"role": "system", "content": system_prompt(self.tools, own, self.max_tool_calls,
+                                                                          self.tool_role)})
         # Every message's text stays text (rlft.data.safe_tokens): a data row's special-token strings cannot
         # write turns of their own.
         return chat_ids(tokenizer, messages, add_generation_prompt=True)
+
+    def check_template(self, tokenizer: Any, task: Task, data_cfg: DataConfig) -> None:
+        """Render what the episodes will need from the policy's chat template, at start-up (right after the tokenizer
+        loads, before any sampling): a first prompt, and an answer after an assistant turn in the role the run
+        sends it (tool results as episode.tool_role says; an environment's messages: probed as one user message).
+
+        Raises:
+            ConfigError: in one line, naming what the template does (raises on the role, rewrites earlier turns)
+                and what to change.
+        """
+        if self.tools:  # the tools' description, as the template or rlft's system prompt shows it
+            problem = (task.eval_problems or task.batch(0, 1))[0]
+            try:
+                self.prompt_ids(tokenizer, problem, data_cfg)
+            except RlftError:  # said in one line already (a data row, a missing template)
+                raise
+            except Exception as e:  # noqa: BLE001  (a template may raise anything)
+                raise ConfigError(_first_prompt_refused(e, self.tool_format, template_takes_tools(tokenizer))) from None
+        check_turns(tokenizer, self.probe_messages(), self.probe_fix())
+
+    def probe_messages(self) -> list[dict[str, Any]]:
+        """What the environment's answer looks like to the chat template: two tool results when a reply may hold
+        several calls (so a template that refuses consecutive tool messages shows it), one otherwise."""
+        if not self.tools:
+            return [{"role": "user", "content": "rlft-probe-environment-message"}]
+        calls = 1 if self.max_tool_calls == 1 else 2
+        results = [ToolResult(self.tools[0].name, f"rlft-probe-result-{i}") for i in range(calls)]
+        return result_messages(results, self.tool_role)
+
+    def probe_fix(self) -> str:
+        """What to change when the template raises on the environment's answer."""
+        if not self.tools:
+            return (f"the environment ({self.name}) must answer in a role the template takes (one user message per "
+                    "step suits a template that takes only alternating user/assistant turns)")
+        if self.tool_role == "tool":
+            return ("set episode.tool_role=user (each reply's tool results then come back in one user message), or "
+                    "use a model whose chat template renders tool messages")
+        return "the tool results come back in one user message there (episode.tool_role=user): use another model"
 
 
 def prompt_overhead(episodes: EpisodeSetup | None, tokenizer: Any, task: Task, data_cfg: DataConfig) -> int:
@@ -84,5 +126,18 @@ def episode_setup(cfg: Config) -> EpisodeSetup | None:
     tools = load_tools(cfg.tools, e)
     runner = ToolRunner(tools, e)
     atexit.register(runner.close)
-    return EpisodeSetup(lambda problem: ToolEnv(runner), "tools", limits, tools, e.tool_format, e.max_tool_calls)
+    return EpisodeSetup(lambda problem: ToolEnv(runner, e.tool_role), "tools", limits, tools, e.tool_format,
+                        e.max_tool_calls, e.tool_role)
+
+
+def _first_prompt_refused(e: Exception, tool_format: str, takes_tools: bool) -> str:
+    """The one line for a chat template that raised on the first prompt of a run with tools."""
+    said = " ".join(str(e).split())[:200] or "no message"
+    if tool_format == "template" or (tool_format == "auto" and takes_tools):
+        how, fix = "the tools given as tools=", "set episode.tool_format=rlft (rlft's system prompt describes them)"
+    else:
+        how, fix = "rlft's system prompt describing the tools", \
+            "use a model whose chat template takes a system message" + \
+            (", or episode.tool_format=template (its template renders tools=)" if takes_tools else "")
+    return f"the policy's chat template raised {type(e).__name__} ({said}) on the first prompt with {how}: {fix}"
 

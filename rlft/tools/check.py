@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 BUILTIN_NAMES = ("calculator", "python")
 TOOL_FORMATS = ("auto", "template", "rlft")
+TOOL_ROLES = ("tool", "user")
+"""episode.tool_role: the role tool results come back in (rlft.episodes.tool_env.result_messages)."""
 SANDBOX_LEVELS = ("bwrap", "process")
 """episode.python_sandbox: rlft.tools.sandbox's bwrap, or a plain process."""
 
@@ -57,3 +59,5 @@ def check_episode(cfg: EpisodeConfig) -> None:
                           "episode.python_sandbox=process (it bounds the sandbox's processes): drop one of them")
     if cfg.tool_format not in TOOL_FORMATS:
         raise ConfigError(f"episode.tool_format='{cfg.tool_format}'; valid choices: {', '.join(TOOL_FORMATS)}")
+    if cfg.tool_role not in TOOL_ROLES:
+        raise ConfigError(f"episode.tool_role='{cfg.tool_role}'; valid choices: {', '.join(TOOL_ROLES)}")

@@ -41,16 +41,25 @@ class ToolCall(NamedTuple):
     error: str | None = None
 
 
-def system_prompt(tools: Sequence[Tool], preamble: str | None = None, max_calls: int | None = None) -> str:
+def system_prompt(tools: Sequence[Tool], preamble: str | None = None, max_calls: int | None = None,
+                  result_role: str = "tool") -> str:
     """The system prompt that describes ``tools`` in rlft's format, after ``preamble`` (the run's own system
-    prompt, if any); ``max_calls``: the calls of one reply that are run (episode.max_tool_calls; None: no cap)."""
+    prompt, if any); ``max_calls``: the calls of one reply that are run (episode.max_tool_calls; None: no cap);
+    ``result_role``: the role the results come back in (episode.tool_role)."""
     schemas = "\n".join(json.dumps(t.schema, ensure_ascii=False) for t in tools)
     text = ("You can call tools. Their descriptions (JSON schemas) are within <tools></tools>:\n"
             f"<tools>\n{schemas}\n</tools>\n\n"
             f"To call a tool, write {CALL_EXAMPLE} with its arguments as a JSON object; "
-            f"{_how_many(max_calls)}. The result of each call comes back in a tool message. "
+            f"{_how_many(max_calls)}. {_results(result_role)} "
             "When you are done, answer without a tool call.")
     return f"{preamble}\n\n{text}" if preamble else text
+
+
+def _results(role: str) -> str:
+    """Where the results come back, in words for the system prompt (rlft.episodes.tool_env.result_messages)."""
+    if role == "tool":
+        return "The result of each call comes back in a tool message."
+    return "The results of a reply's calls come back in one user message, each within <tool_response></tool_response>."
 
 
 def _how_many(max_calls: int | None) -> str:
