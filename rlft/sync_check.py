@@ -6,8 +6,10 @@ never reached vLLM in async mode (verl #7495), unsloth-zoo loaded every layer bu
 sampler's weights are set (start-up, resume, each step's sync, ``rlft eval``), the sampler scores one
 short probe sequence (:meth:`rlft.samplers.base.Sampler.score`, its own weights and kernels) and
 the learner scores the same tokens; their log-probs must agree within a tolerance set by the
-dtypes. One ~30-token forward on each side, the two run side by side: 1.0-1.6% of a default step on
-the CPU, measured by scripts/bench_sync_check.py (docs/implementation.md, "Sync check").
+dtypes. That tolerance hides a small missed update (at the default lr a step moves the probe less than
+bf16 rounds it), so the sampler also reads back the weights it serves and every element must be the
+learner's, rounded alike (rlft/served_weights.py). Costs: scripts/bench_sync_check.py
+(docs/implementation.md, "Sync check").
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rlft.data.chat import problem_ids
 from rlft.distributed import SINGLE, DataParallel
 from rlft.errors import SyncError
 from rlft.logprobs import token_logprobs
+from rlft.served_weights import differing, expected, synced_modules
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -48,7 +51,8 @@ PROMPT_TAIL = 16
 TOL_FP32 = 1e-3
 TOL_LOW_PRECISION = 0.25
 
-METRICS = ("sync/logp_abs_diff_mean", "sync/logp_abs_diff_max", "time/sync_check_s")
+METRICS = ("sync/logp_abs_diff_mean", "sync/logp_abs_diff_max", "sync/weights_read", "sync/weights_differ",
+           "time/sync_check_s")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class SyncCheck:
     """Where ``tol`` comes from, for the message: the dtype, or sampler.sync_check_tol."""
     where: str
     """The sampler and its sync mode, e.g. 'sampler=vllm, sync=adapter'."""
+    modules: tuple[str, ...] = ()
+    """The synced modules whose served weights are read back and compared (rlft/served_weights.py)."""
 
 
 def make_probe(tokenizer: Any, first_prompt: list[int]) -> Probe:
@@ -104,7 +110,7 @@ def build_check(cfg: Config, policy: Policy, sampler: Sampler, task: Task) -> Sy
     probe = make_probe(policy.tokenizer, problem_ids(policy.tokenizer, first, cfg.data))
     tol, source = tolerance(cfg.sampler.sync_check_tol, [policy.compute_dtype, sampler.dtype])
     where = f"sampler={resolve_sampler_name(cfg.sampler.name)}, sync={sync_mode(sampler, policy)}"
-    return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where)
+    return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where, tuple(synced_modules(policy)))
 
 
 def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
@@ -128,37 +134,59 @@ def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
 
 def measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel = SINGLE) -> dict[str, float]:
     """The check's metrics: mean and max |learner - sampler| log-prob over the probe (over ranks: the
-    mean of the ranks' means, the max of their maxima, so every rank decides alike) and its time."""
+    mean of the ranks' means, the max of their maxima, so every rank decides alike), the synced modules
+    whose served weights were read and how many of them differ from the learner's (over ranks: the
+    fewest read, the most differing), and its time."""
+    return _measure(check, sampler, policy, dp)[0]
+
+
+def _measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel) -> tuple[dict[str, float], str]:
+    """:func:`measure`'s metrics and the differing modules on this rank, for the message."""
     t0 = time.perf_counter()
     with one_cpu_thread(policy.device):
-        mine, theirs = _both_sides(check.probe, sampler, policy)
+        (mine, want), theirs, served = _both_sides(check, sampler, policy)
     diff = (mine - torch.tensor(theirs, dtype=torch.float32)).abs()
     # A NaN anywhere must fail the check: nan_to_num maps it to +inf, which no tolerance passes.
     diff = torch.nan_to_num(diff, nan=math.inf)
-    ranks = dp.all_gather((diff.mean().item(), diff.max().item()))
-    return {
-        "sync/logp_abs_diff_mean": sum(m for m, _ in ranks) / len(ranks),
-        "sync/logp_abs_diff_max": max(x for _, x in ranks),
+    counts = differing(want, served, sampler.dtype)
+    bad = {name: c for name, c in counts.items() if c[0] > 0}
+    ranks = dp.all_gather((diff.mean().item(), diff.max().item(), len(counts), len(bad)))
+    metrics = {
+        "sync/logp_abs_diff_mean": sum(r[0] for r in ranks) / len(ranks),
+        "sync/logp_abs_diff_max": max(r[1] for r in ranks),
+        "sync/weights_read": float(min(r[2] for r in ranks)),
+        "sync/weights_differ": float(max(r[3] for r in ranks)),
         "time/sync_check_s": time.perf_counter() - t0,
     }
+    detail = ", ".join(f"{name} ({n} of {total} read elements)" for name, (n, total) in list(bad.items())[:3])
+    return metrics, detail
 
 
-def _both_sides(probe: Probe, sampler: Sampler, policy: Policy) -> tuple[Tensor, list[float]]:
-    """The learner's and the sampler's log-probs of the probe, computed at the same time: the learner's
-    pass in a fresh thread, the sampler's in this one (its engine may expect the main thread). Each is
-    one ~30-token forward on one CPU thread, so two cores run them side by side (SmolLM2 bf16, one
-    thread each: hf 0.215 -> 0.136 s, vLLM 0.204 -> 0.156 s; the GIL serialises only their Python
-    parts). A fresh thread takes the thread count set now (torch reads it at a thread's first
-    parallel op); on CUDA it needs the learner's device made current (a new thread starts on cuda:0)."""
+def _both_sides(check: SyncCheck, sampler: Sampler,
+                policy: Policy) -> tuple[tuple[Tensor, dict], list[float], dict[str, tuple[Tensor, ...]]]:
+    """The learner's side (the probe's log-probs and the weights it expects served) and the sampler's (its
+    log-probs of the probe, then its read-back, after the probe's request has made a served adapter
+    active), computed at the same time: the learner's in a fresh thread, the sampler's in this one (its
+    engine may expect the main thread). Each probe pass is one ~30-token forward on one CPU thread, so
+    two cores run them side by side (SmolLM2 bf16, one thread each: hf 0.215 -> 0.136 s, vLLM 0.204 ->
+    0.156 s; the GIL serialises only their Python parts). A fresh thread takes the thread count set now
+    (torch reads it at a thread's first parallel op); on CUDA it needs the learner's device made current
+    (a new thread starts on cuda:0)."""
 
-    def learner() -> Tensor:
+    def learner() -> tuple[Tensor, dict]:
         with torch.cuda.device(policy.device) if policy.device.type == "cuda" else contextlib.nullcontext():
-            return learner_logprobs(policy, probe)
+            return learner_logprobs(policy, check.probe), expected(policy, sampler.dtype, _adapter_served(sampler))
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-sync-check") as pool:
         mine = pool.submit(learner)
-        theirs = sampler.score(probe.prompt, probe.completion)
-        return mine.result(), theirs
+        theirs = sampler.score(check.probe.prompt, check.probe.completion)
+        served = sampler.read_served(list(check.modules))
+        return mine.result(), theirs, served
+
+
+def _adapter_served(sampler: Sampler) -> bool:
+    """Whether the sampler serves an adapter now (before the first sync a vLLM engine serves its base)."""
+    return sampler.serves_adapter and getattr(sampler, "adapter", None) is not None
 
 
 @contextlib.contextmanager
@@ -179,14 +207,21 @@ def one_cpu_thread(device: torch.device) -> Iterator[None]:
         torch._C.set_num_threads(threads)
 
 
-def mismatch(check: SyncCheck, metrics: dict[str, float], when: str) -> str | None:
-    """The one-line message when the mean difference exceeds the tolerance (None: it passed)."""
+def mismatch(check: SyncCheck, metrics: dict[str, float], when: str, detail: str = "") -> str | None:
+    """The one-line message when the probe's mean difference exceeds the tolerance or a served weight
+    differs from the learner's (None: it passed)."""
     mean, top = metrics["sync/logp_abs_diff_mean"], metrics["sync/logp_abs_diff_max"]
-    if mean <= check.tol:
+    differ = int(metrics.get("sync/weights_differ", 0))
+    if mean <= check.tol and differ == 0:
         return None
-    return (f"weight sync check failed {when} ({check.where}): the sampler's log-probs of a probe differ from "
-            f"the learner's by mean {mean:.3g}, max {top:.3g} (tolerance {check.tol:g}, {check.tol_source}); "
-            "the sampler is not sampling from the policy being trained")
+    head = f"weight sync check failed {when} ({check.where}): "
+    probe = (f"by mean {mean:.3g}, max {top:.3g} (tolerance {check.tol:g}, {check.tol_source}); "
+             "the sampler is not sampling from the policy being trained")
+    if differ:
+        read = int(metrics["sync/weights_read"])
+        return (head + f"{differ} of {read} synced weights the sampler serves differ from the learner's: "
+                + (detail or "on another rank") + "; the probe's log-probs differ " + probe)
+    return head + "the sampler's log-probs of a probe differ from the learner's " + probe
 
 
 def verify(check: SyncCheck | None, sampler: Sampler, policy: Policy, dp: DataParallel, when: str,
@@ -202,14 +237,28 @@ def verify(check: SyncCheck | None, sampler: Sampler, policy: Policy, dp: DataPa
     """
     if check is None or check.mode == "off":
         return {}
-    metrics = measure(check, sampler, policy, dp)
-    problem = mismatch(check, metrics, when)
+    metrics, detail = _measure(check, sampler, policy, dp)
+    _note_unread(check, metrics)
+    problem = mismatch(check, metrics, when, detail)
     if problem is None:
         return metrics
     if check.mode == "error":
         raise SyncError(problem + " (sampler.sync_check=warn: go on anyway)")
     (warn or _to_stderr)(problem)
     return metrics
+
+
+_NOTED: set[str] = set()
+
+
+def _note_unread(check: SyncCheck, metrics: dict[str, float]) -> None:
+    """Say once per sampler kind when it could not read back some synced weights: the probe alone
+    checks those (vLLM under tensor parallelism, or a model whose module names vLLM changes)."""
+    read = int(metrics["sync/weights_read"])
+    if read < len(check.modules) and check.where not in _NOTED:
+        _NOTED.add(check.where)
+        _to_stderr(f"sync check ({check.where}): the sampler's served weights of {len(check.modules) - read} of "
+                   f"{len(check.modules)} synced modules cannot be read back; the probe alone checks them")
 
 
 def _to_stderr(message: str) -> None:

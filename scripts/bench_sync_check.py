@@ -6,7 +6,8 @@ Each case runs in a process of its own (one vLLM engine per process): it builds 
 takes a warm-up step, then N measured steps; after each step it also times K more checks on their own
 (the step's check is one sample; the extra ones give a steadier median on a noisy machine). It prints,
 per case, the median check time, the median step time (the check included), their ratio, and the
-largest honest mismatch seen (mean and max |learner - sampler| log-prob over the probe). Speed on
+largest honest mismatch seen (mean and max |learner - sampler| log-prob over the probe), and the most synced
+weights whose read-back differed from the learner's (0 on an honest sync) of those read. Speed on
 this machine drifts by minutes, so the fp32 GEMM speed of the moment (1024x576x1536, GFLOP/s) is
 measured before and after each case and printed beside its absolute times; only the ratio compares.
 
@@ -36,6 +37,7 @@ CASES = {
     "vllm-merged-bf16": TINY + VLLM + ["model.dtype=bf16"],
     "smollm2-hf-bf16": ["model=smollm2_135m", "sampler=hf", "model.dtype=bf16"],
     "smollm2-vllm-merged-bf16": ["model=smollm2_135m", *VLLM, "model.dtype=bf16"],
+    "smollm2-vllm-adapter-bf16": ["model=smollm2_135m", *VLLM, "model.dtype=bf16", "sampler.vllm.sync=adapter"],
 }
 DEFAULT_CASES = "hf-fp32,hf-bf16,vllm-merged-fp32,vllm-adapter-fp32,vllm-merged-bf16"
 # The steps measured: the default batch (trainer.num_prompts=4 x sampler.n=8, 32 new tokens), no evaluation.
@@ -65,11 +67,13 @@ def one_case(overrides: list[str], steps: int, checks: int) -> dict:
         m = train_step(step, c, cfg)
         step_s.append(m["time/step_s"])
         check_s.append(m["time/sync_check_s"])
-        diffs.append((m["sync/logp_abs_diff_mean"], m["sync/logp_abs_diff_max"]))
+        diffs.append((m["sync/logp_abs_diff_mean"], m["sync/logp_abs_diff_max"], m["sync/weights_differ"],
+                      m["sync/weights_read"]))
         for _ in range(checks):
             check_s.append(measure(c.sync_check, c.sampler, c.policy)["time/sync_check_s"])
     return {"step_s": statistics.median(step_s), "check_s": statistics.median(check_s),
             "mean_diff": max(d[0] for d in diffs), "max_diff": max(d[1] for d in diffs),
+            "differ": max(d[2] for d in diffs), "read": min(d[3] for d in diffs),
             "tol": c.sync_check.tol, "where": c.sync_check.where}
 
 
@@ -101,7 +105,7 @@ def main() -> int:
     if unknown:
         print(f"bench_sync_check: error: unknown case {unknown[0]}; valid: {', '.join(CASES)}", file=sys.stderr)
         return 2
-    print(f"{'case':<26} {'check s':>8} {'step s':>8} {'ratio':>7} {'mean diff':>10} {'max diff':>10} {'tol':>6}"
+    print(f"{'case':<26} {'check s':>8} {'step s':>8} {'ratio':>7} {'mean diff':>10} {'max diff':>10} {'tol':>6} {'weights differ/read':>19}"
           "  GEMM fp32 GFLOP/s before/after")
     for name in args.cases.split(","):
         t0 = time.perf_counter()
@@ -111,7 +115,7 @@ def main() -> int:
             print(f"{name:<26} failed: {r['error']}  ({g})")
             continue
         print(f"{name:<26} {r['check_s']:8.4f} {r['step_s']:8.2f} {r['check_s'] / r['step_s']:7.2%} "
-              f"{r['mean_diff']:10.2e} {r['max_diff']:10.2e} {r['tol']:6g}  {g}  ({time.perf_counter() - t0:.0f} s)",
+              f"{r['mean_diff']:10.2e} {r['max_diff']:10.2e} {r['tol']:6g} {int(r['differ']):>10}/{int(r['read']):<8}  {g}  ({time.perf_counter() - t0:.0f} s)",
               flush=True)
     return 0
 

@@ -2,7 +2,7 @@
 loaded; verl #7495: the LoRA never delivered), for tests/test_sync_check.py.
 
 In the test process the tests patch with pytest's monkeypatch (:func:`skipping_weights`,
-:func:`stale_adapter_target`). A CLI child reads ``RLFT_TEST_BREAK_SYNC`` through :func:`install_from_env`,
+:func:`previous_adapter_target`). A CLI child reads ``RLFT_TEST_BREAK_SYNC`` through :func:`install_from_env`,
 which a ``sitecustomize.py`` the test writes on the child's PYTHONPATH calls at start-up.
 """
 
@@ -27,13 +27,13 @@ def skipping_weights(skip: str, sampler_weights: Callable[[Any], Iterator]) -> C
     return broken
 
 
-def stale_adapter_target(skip: str) -> Callable[[Any], dict | None]:
-    """``rlft.samplers.vllm._whole_adapters`` whose adapter files carry zeros for the ``lora_B`` of the
-    modules whose name contains ``skip`` (a served adapter missing one target's update)."""
+def previous_adapter_target(skip: str, model: Any) -> Callable[[Any], dict | None]:
+    """``rlft.samplers.vllm._whole_adapters`` whose files carry, for the modules whose name contains ``skip``,
+    ``model``'s adapter as it is now (later updates of that target never served)."""
+    held = {n: t.detach().clone() for n, t in model.state_dict().items() if "lora_" in n and skip in n}
 
     def broken(model: Any) -> dict:
-        return {n: (t.detach() * 0 if skip in n and "lora_B" in n else t.detach())
-                for n, t in model.state_dict().items() if "lora_" in n}
+        return {n: held.get(n, t.detach()) for n, t in model.state_dict().items() if "lora_" in n}
 
     return broken
 
@@ -46,3 +46,17 @@ def install_from_env() -> None:
     from rlft.models.policy import Policy
 
     Policy.sampler_weights = skipping_weights(skip, Policy.sampler_weights)
+
+
+def lagging(sampler_weights: Callable[[Any], Iterator]) -> Callable[[Any], Iterator]:
+    """``Policy.sampler_weights`` that yields what the previous call yielded (the sampler serves the weights
+    of one step before), and the current weights the first time."""
+    held: list[tuple[str, Any]] = []
+
+    def broken(policy: Any) -> Iterator:
+        now = [(name, w.clone()) for name, w in sampler_weights(policy)]
+        before = list(held) or now
+        held[:] = now
+        return iter(before)
+
+    return broken

@@ -18,6 +18,7 @@ from rlft.errors import ConfigError, SyncError
 from rlft.models import build_policy
 from rlft.models.policy import Policy
 from rlft.samplers import build_sampler, sync_sampler
+from rlft.samplers.readback import columns
 from rlft.sync_check import (
     PROMPT_TAIL,
     TOL_FP32,
@@ -155,11 +156,73 @@ def test_a_sync_that_skips_one_projection_is_caught(fp32_hf, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and "after the step 7 sync (sampler=hf, sync=merged)" in msg
     assert "tolerance 0.001, fp32" in msg and "sampler.sync_check=warn" in msg
+    assert "1 of 14 synced weights the sampler serves differ from the learner's: model.layers.1.mlp.up_proj (" in msg
     m = measure(check, sampler, policy)
     assert f"mean {m['sync/logp_abs_diff_mean']:.3g}, max {m['sync/logp_abs_diff_max']:.3g}" in msg
     monkeypatch.undo()
     sync_sampler(sampler, policy)  # the whole sync mends it
     assert verify(check, sampler, policy, DataParallel(), "now")["sync/logp_abs_diff_max"] < 1e-5
+
+
+# Breaks at the default lr (2e-4): AdamW's first step moves each adapter weight by +-lr (m / sqrt(v) = sign(g)),
+# which moves the probe's log-probs by less than either dtype's tolerance: only the served weights show the miss.
+DEFAULT_LR = 2e-4
+BREAKS = {
+    "nothing": lambda sw: (lambda policy: iter(())),
+    "one tensor": lambda sw: sync_break.skipping_weights(SKIP, sw),
+    "one LoRA target": lambda sw: sync_break.skipping_weights("v_proj", sw),
+    "one layer": lambda sw: sync_break.skipping_weights("layers.0.", sw),
+    "the previous step's": sync_break.lagging,
+}
+
+
+def _adamw_first_step(policy: Policy, lr: float = DEFAULT_LR) -> None:
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p).sign() * lr)
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def hf_by_dtype(request):
+    torch.manual_seed(0)
+    return request.param, _setup(FP32 + [f"model.dtype={request.param}"])
+
+
+@pytest.mark.parametrize("kind", list(BREAKS))
+def test_a_broken_sync_at_the_default_lr_is_caught_at_the_next_check(hf_by_dtype, kind, monkeypatch):
+    dtype, (_, policy, sampler, check) = hf_by_dtype
+    monkeypatch.setattr(Policy, "sampler_weights", BREAKS[kind](Policy.sampler_weights))
+    sync_sampler(sampler, policy)  # the lagging sync remembers this one
+    _adamw_first_step(policy)
+    sync_sampler(sampler, policy)
+    with pytest.raises(SyncError, match="synced weights the sampler serves differ from the learner's") as e:
+        verify(check, sampler, policy, DataParallel(), "after the step 3 sync")
+    m = measure(check, sampler, policy)
+    print(f"{dtype} {kind}: {m}")
+    assert m["sync/logp_abs_diff_mean"] < check.tol, "the probe alone would have caught this"
+    assert m["sync/weights_read"] == len(check.modules) == 14
+    differ = {"nothing": 14, "one tensor": 1, "one LoRA target": 2, "one layer": 7, "the previous step's": 14}[kind]
+    assert m["sync/weights_differ"] == differ and str(e.value).count(" read elements)") == min(differ, 3)
+    monkeypatch.undo()
+    sync_sampler(sampler, policy)
+    assert verify(check, sampler, policy, DataParallel(), "now")["sync/weights_differ"] == 0
+
+
+def test_the_weight_comparison_is_exact_to_rounding(hf_by_dtype):
+    """An honest sync reads back every element as the learner's value rounded to the sampler's dtype; a
+    served weight one rounding step off (the smallest change a sync can miss) differs."""
+    dtype, (_, policy, sampler, check) = hf_by_dtype
+    _adamw_first_step(policy)
+    sync_sampler(sampler, policy)
+    assert measure(check, sampler, policy)["sync/weights_differ"] == 0
+    w = sampler.model.get_parameter("model.layers.0.self_attn.o_proj.weight")
+    col = columns(w.shape[1])[3]
+    with torch.no_grad():
+        w[5, col] = torch.nextafter(w[5, col].float(), torch.tensor(9.0)).to(w.dtype) if dtype == "fp32" else \
+            (w[5, col].float() * (1 + 2**-7)).to(w.dtype)
+    assert measure(check, sampler, policy)["sync/weights_differ"] == (1 if dtype == "bf16" else 0)
+    sync_sampler(sampler, policy)
 
 
 def test_tolerance_by_dtype():
@@ -194,11 +257,16 @@ class _Ranks(DataParallel):
 def test_ranks_agree_mean_of_means_and_max_of_maxima(fp32_hf):
     _, policy, sampler, check = fp32_hf
     sync_sampler(sampler, policy)
-    m = measure(check, sampler, policy, _Ranks([(0.3, 0.9), (0.0, 0.1)]))
+    # (mean, max, modules read, modules differing) of the other ranks
+    m = measure(check, sampler, policy, _Ranks([(0.3, 0.9, 14, 0), (0.0, 0.1, 13, 2)]))
     assert m["sync/logp_abs_diff_mean"] == pytest.approx(0.1, abs=1e-5)
     assert m["sync/logp_abs_diff_max"] == 0.9
+    assert (m["sync/weights_read"], m["sync/weights_differ"]) == (13, 2)
     with pytest.raises(SyncError):  # this rank's sync was fine; another rank's was not: every rank stops
-        verify(check, sampler, policy, _Ranks([(0.3, 0.9), (0.0, 0.1)]), "now")
+        verify(check, sampler, policy, _Ranks([(0.3, 0.9, 14, 0), (0.0, 0.1, 14, 0)]), "now")
+    with pytest.raises(SyncError, match="2 of 14 synced weights the sampler serves differ from the learner's: on "
+                                        "another rank; the probe's log-probs differ by mean"):
+        verify(check, sampler, policy, _Ranks([(0.0, 0.0, 14, 2)]), "now")
 
 
 def test_nan_fails_the_check(fp32_hf):
@@ -295,45 +363,66 @@ VLLM_FP32 = [o for o in FP32 if not o.startswith("sampler=")] + [
 ]
 
 
-@pytest.fixture(scope="module", params=["merged", "adapter"])
-def vllm_fp32(request):
+@pytest.fixture(scope="module", params=[("merged", "fp32"), ("adapter", "fp32"), ("merged", "bf16"),
+                                        ("adapter", "bf16")], ids="-".join)
+def vllm_engine(request):
     """One engine at a time (a second one in the process would share, then tear down, vLLM's globals)."""
     torch.manual_seed(0)
-    setup = _setup(VLLM_FP32 + [f"sampler.vllm.sync={request.param}"])
-    yield request.param, setup
+    mode, dtype = request.param
+    setup = _setup(VLLM_FP32 + [f"sampler.vllm.sync={mode}", f"model.dtype={dtype}"])
+    yield mode, dtype, setup
     del setup
 
 
 @pytest.mark.slow
 @needs_vllm
-def test_vllm_sync_check(vllm_fp32, monkeypatch):
+def test_vllm_sync_check(vllm_engine, monkeypatch):
+    """Honest syncs pass; a sync broken at the default lr (merged: one projection never pushed; adapter: its
+    files carry that projection's previous B) is caught by the served weights, where the probe stays inside
+    its tolerance."""
     import rlft.samplers.vllm as vllm_mod
 
-    mode, (_, policy, sampler, check) = vllm_fp32
-    assert check.where == f"sampler=vllm, sync={mode}" and check.tol == TOL_FP32
+    mode, dtype, (_, policy, sampler, check) = vllm_engine
+    assert check.where == f"sampler=vllm, sync={mode}"
     start = measure(check, sampler, policy)  # the engine's weights from the model directory
     _update(policy)
     sync_sampler(sampler, policy)
     honest = measure(check, sampler, policy)
-    print(f"vLLM {mode} fp32 honest: start {start}, after a sync {honest}")
+    print(f"vLLM {mode} {dtype} honest: start {start}, after a sync {honest}")
     for m in (start, honest):
-        assert m["sync/logp_abs_diff_mean"] < TOL_FP32 / 3
-    # vLLM's and the learner's log-probs of the probe agree with a plain forward's
-    by_hand = _by_hand(policy.model, check.probe.prompt, check.probe.completion)
-    theirs = torch.tensor(sampler.score(check.probe.prompt, check.probe.completion))
-    assert (theirs - by_hand).abs().mean() < TOL_FP32 / 3
+        assert m["sync/logp_abs_diff_mean"] < check.tol / 3
+        assert m["sync/weights_read"] == len(check.modules) == 14 and m["sync/weights_differ"] == 0
+    if dtype == "fp32":  # vLLM's and the learner's log-probs of the probe agree with a plain forward's
+        by_hand = _by_hand(policy.model, check.probe.prompt, check.probe.completion)
+        theirs = torch.tensor(sampler.score(check.probe.prompt, check.probe.completion))
+        assert (theirs - by_hand).abs().mean() < TOL_FP32 / 3
 
-    if mode == "merged":
-        _break_in_process(monkeypatch)
+    if mode == "merged":  # a push that delivers nothing
+        monkeypatch.setattr(sampler, "load_weights", lambda weights: None)
+        differ, pattern = 14, "14 of 14"
     else:
-        monkeypatch.setattr(vllm_mod, "_whole_adapters", sync_break.stale_adapter_target(SKIP))
-    _update(policy)
+        monkeypatch.setattr(vllm_mod, "_whole_adapters", sync_break.previous_adapter_target(SKIP, policy.model))
+        differ, pattern = 1, f"1 of 14 .*{SKIP}"
+    _adamw_first_step(policy)
     sync_sampler(sampler, policy)
-    with pytest.raises(SyncError, match=rf"after the step 2 sync \(sampler=vllm, sync={mode}\): .* mean "):
+    with pytest.raises(SyncError, match=rf"after the step 2 sync \(sampler=vllm, sync={mode}\): {pattern}"):
         verify(check, sampler, policy, DataParallel(), "after the step 2 sync")
+    broken = measure(check, sampler, policy)
+    print(f"vLLM {mode} {dtype} broken at lr {DEFAULT_LR}: {broken}")
+    assert broken["sync/weights_differ"] == differ
+    assert broken["sync/logp_abs_diff_mean"] < check.tol, "the probe alone would have caught this"
     monkeypatch.undo()
     sync_sampler(sampler, policy)
-    assert measure(check, sampler, policy)["sync/logp_abs_diff_mean"] < TOL_FP32 / 3
+    assert measure(check, sampler, policy)["sync/weights_differ"] == 0
+    if mode == "merged":  # one projection never pushed (unsloth-zoo #941); vLLM then serves that half of
+        _break_in_process(monkeypatch)  # gate_up_proj far off, so the probe sees it too
+        _adamw_first_step(policy)
+        sync_sampler(sampler, policy)
+        with pytest.raises(SyncError, match=rf"1 of 14 synced weights the sampler serves differ .*{SKIP}"):
+            verify(check, sampler, policy, DataParallel(), "after the step 3 sync")
+        monkeypatch.undo()
+        sync_sampler(sampler, policy)
+        assert measure(check, sampler, policy)["sync/weights_differ"] == 0
 
 
 @pytest.mark.slow

@@ -84,12 +84,12 @@ class Policy:
             if isinstance(module, LoraLayer):
                 base = module.get_base_layer().weight
                 delta = module.get_delta_weight("default")
-                yield _base_name(name) + ".weight", base.detach().float() + delta.detach().float()
+                yield base_name(name) + ".weight", base.detach().float() + delta.detach().float()
         if gathered is not None:
             gathered.reshard()
 
 
-def _base_name(peft_name: str) -> str:
+def base_name(peft_name: str) -> str:
     return peft_name.removeprefix("base_model.model.")
 
 

@@ -83,6 +83,12 @@ class Sampler(Protocol):
         """Replace the named weights (base-model names) with the policy's current values."""
         ...
 
+    def read_served(self, names: list[str]) -> dict[str, tuple[Tensor, ...]]:
+        """What the sampler serves of the named modules (base-model names), for the sync check's weight
+        comparison (rlft/served_weights.py): ``(columns,)`` of a merged weight, or ``(A, B)`` of a served
+        adapter. Modules it cannot read are left out."""
+        ...
+
     def load_adapter(self, model: Any) -> None:
         """Serve peft ``model``'s "default" adapter from now on (called only when :attr:`serves_adapter`)."""
         ...

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from rlft.samplers.base import Generations, SamplingParams, completion_seeds
+from rlft.samplers.readback import columns
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
@@ -164,6 +165,15 @@ class HFSampler:
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         for name, value in weights:
             self.model.get_parameter(name).copy_(value)
+
+    @torch.no_grad()
+    def read_served(self, names: list[str]) -> dict[str, tuple[Tensor, ...]]:
+        """Columns (rlft/samplers/readback.py: columns) of each named linear weight of the sampler's copy."""
+        out = {}
+        for name in names:
+            w = self.model.get_submodule(name).weight
+            out[name] = (w.index_select(1, torch.tensor(columns(w.shape[1]), device=w.device)).cpu(),)
+        return out
 
     def load_adapter(self, model: Any) -> None:
         """Never called: a sync pushes merged weights into this sampler (:meth:`load_weights`)."""

@@ -39,6 +39,7 @@ class VLLMSampler:
         self.on_gpu = torch.cuda.is_available()
         self.sleep_between = v.sleep and self.on_gpu
         self.serves_adapter = v.sync == "adapter"
+        self.tensor_parallel = v.tensor_parallel_size
         kv_gb = v.kv_cache_gb if v.kv_cache_gb is not None else (0 if self.on_gpu else 2)
         extra: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_gb * 2**30)} if kv_gb > 0 else {}
         if launched() and v.tensor_parallel_size > 1:  # each rank samples its own prompts; TP ranks must share them
@@ -118,6 +119,20 @@ class VLLMSampler:
         batch = [(name, w.detach().to(self.dtype).contiguous()) for name, w in weights]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": batch})
         self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
+
+    def read_served(self, names: list[str]) -> dict[str, tuple[Tensor, ...]]:
+        """What the engine serves of the named modules (rlft/samplers/readback.py): the synced adapter's
+        (A, B) once one is served, else columns of each linear weight; nothing under tensor parallelism
+        (each worker holds a slice: the probe alone checks those syncs)."""
+        from rlft.samplers.readback import vllm_adapter_weights, vllm_linear_columns
+
+        if self.tensor_parallel > 1:
+            return {}
+        self._wake()
+        if self.serves_adapter and self.adapter is not None:
+            got = self.llm.collective_rpc(vllm_adapter_weights, args=(names, self.adapter.lora_int_id))[0]
+            return dict(got)
+        return {name: (cols,) for name, cols in self.llm.collective_rpc(vllm_linear_columns, args=(names,))[0].items()}
 
     def load_adapter(self, model: Any) -> None:
         """Serve peft ``model``'s "default" adapter from now on (only the adapter moves, through RAM-backed files)."""

@@ -1,0 +1,108 @@
+"""The sync check's weight comparison: the weights a sampler serves against the learner's, rounded alike.
+
+The probe's log-probs (rlft/sync_check.py) see a missed update only as far as it moves them, which at a
+default learning rate stays under the rounding of bf16 for many steps (issue 35: a no-op sync moved the
+probe by 7.3e-4 after one step, 2.6e-2 after 50, against a bf16 tolerance of 0.25). Here the sampler reads
+back what it serves (rlft/samplers/readback.py) and each element must equal what the learner would have
+it serve:
+
+- merged weights (``sync=merged``, the hf sampler, full fine-tuning): eight input columns of every synced
+  linear weight, ``base + (B @ A) * scaling`` computed by the learner in fp32; a served element must lie
+  within half a step of the sampler's dtype (+16 fp32 steps: the learner sums ``B @ A`` over a slice) of
+  that value, i.e. be its rounding;
+- an adapter (``sync=adapter``): every element of A and of B * scaling, cast to the engine's dtype as
+  vLLM casts them, exactly.
+
+One update at lr 2e-4 moves ~20% of a layer's bf16 elements by a rounding step (measured in
+tests/test_sync_check.py), so a sync that delivers nothing, a part, or an earlier step's weights differs in
+hundreds of read elements at the first check after it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from rlft.models.policy import base_name
+from rlft.samplers.readback import columns
+
+if TYPE_CHECKING:
+    from rlft.models import Policy
+
+MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
+
+
+def synced_modules(policy: Policy) -> dict[str, Any]:
+    """The modules a sync is responsible for, by base-model name: the LoRA layers under LoRA, else every
+    linear layer but the LM head (embeddings and norms are left to the probe)."""
+    if policy.lora:
+        from peft.tuners.lora import LoraLayer  # peft imports transformers (seconds): only with a model
+
+        return {base_name(n): m for n, m in policy.model.named_modules() if isinstance(m, LoraLayer)}
+    return {n: m for n, m in policy.model.named_modules()
+            if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")}
+
+
+def expected(policy: Policy, dtype: torch.dtype, adapter: bool) -> dict[str, tuple[Tensor, ...]]:
+    """What the sampler should serve, per synced module, in the form its read-back takes:
+    ``(columns,)`` as (N, 8) fp32, or under ``adapter`` ``(A, B * scaling)`` in ``dtype``."""
+    out: dict[str, tuple[Tensor, ...]] = {}
+    with torch.no_grad():
+        for name, module in synced_modules(policy).items():
+            if adapter:
+                a, b = _full(module.lora_A["default"].weight), _full(module.lora_B["default"].weight)
+                out[name] = (a.to(dtype).cpu(), (b.to(dtype) * module.scaling["default"]).cpu())
+                continue
+            base = module.get_base_layer() if policy.lora else module
+            w = _full(base.weight)
+            cols = torch.tensor(columns(w.shape[1]), device=w.device)
+            value = w.index_select(1, cols).float()
+            if policy.lora:
+                a, b = _full(module.lora_A["default"].weight), _full(module.lora_B["default"].weight)
+                delta = b.float() @ a.index_select(1, cols).float()
+                value = value + (delta.t() if module.fan_in_fan_out else delta) * module.scaling["default"]
+            out[name] = (value.cpu(),)
+    return out
+
+
+def differing(want: dict[str, tuple[Tensor, ...]], served: dict[str, tuple[Tensor, ...]],
+              dtype: torch.dtype) -> dict[str, tuple[int, int]]:
+    """Per module read back, (elements that differ, elements read); a module whose read-back has another
+    shape differs in all of them. Modules the sampler could not read are left out."""
+    out = {}
+    for name, mine in want.items():
+        theirs = served.get(name)
+        if theirs is None:
+            continue
+        if len(mine) == 1:
+            out[name] = _rounding_mismatch(mine[0], theirs[0], dtype)
+        else:
+            out[name] = tuple(map(sum, zip(*(_exact_mismatch(m, t) for m, t in zip(mine, theirs, strict=True)))))
+    return out
+
+
+def _rounding_mismatch(want: Tensor, served: Tensor, dtype: torch.dtype) -> tuple[int, int]:
+    """Elements of ``served`` that are not ``want`` (fp32) rounded to ``dtype``."""
+    if served.shape != want.shape:
+        return want.numel(), want.numel()
+    _, exponent = torch.frexp(want)  # |want| = m * 2^exponent, m in [0.5, 1)
+    step = torch.ldexp(torch.ones_like(want), exponent - 1 - MANTISSA_BITS.get(dtype, 23))
+    fp32_step = torch.ldexp(torch.ones_like(want), exponent - 1 - 23)
+    bad = (served.float() - want).abs() > 0.5 * step + 16 * fp32_step
+    return int(bad.sum()), want.numel()
+
+
+def _exact_mismatch(want: Tensor, served: Tensor) -> tuple[int, int]:
+    """Elements that differ; vLLM pads an adapter's rank to its max_lora_rank with zeros."""
+    r_rows, r_cols = want.shape
+    if served.shape[0] < r_rows or served.shape[1] < r_cols:
+        return want.numel(), want.numel()
+    return int((served[:r_rows, :r_cols].to(want.dtype) != want).sum()), want.numel()
+
+
+def _full(t: Tensor) -> Tensor:
+    """The whole tensor of an FSDP2 shard (every rank calls this in the same order), else ``t``."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
