@@ -36,6 +36,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _precision_cache(tmp_path_factory):
+    """model.dtype=auto's measurements (rlft.models.precision) go to a cache of the session's, as empty as
+    CI's, never to the user's $RLFT_CACHE/precision."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLFT_PRECISION_CACHE", str(tmp_path_factory.mktemp("precision")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def reward_model_dir(tmp_path_factory):
     """A tiny random reward model (tests.support.write_reward_model), built once per session."""

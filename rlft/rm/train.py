@@ -63,8 +63,10 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
         torch.set_num_threads(t.threads)
     device = resolve_device(t.device, local_rank() if dp.active else None)
     dtype = run_state.trained_dtype(resume) if resume else None
-    precision = Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype else \
-        resolve_precision(cfg.model, device.type)
+    # Rank 0 decides and the ranks follow (as in rlft.components): each rank probing or reading the
+    # cache on its own could train in another dtype.
+    precision = dp.broadcast((Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
+                              else resolve_precision(cfg.model, device.type)) if dp.main else None)
     cfg.model.dtype = precision.dtype
     quiet_libraries(keep_warnings=True)
     random.seed(cfg.seed)
