@@ -238,7 +238,7 @@ def test_tis_weight_and_mismatch_metrics_on_a_constructed_batch(tiny):
     assert float(plain) != pytest.approx(want_loss, abs=1e-3)
 
 
-@pytest.mark.parametrize("mode", ["seq_mask", "token_mask", "seq_tis"])
+@pytest.mark.parametrize("mode", ["seq_mask", "token_mask", "seq_tis", "seq_geo_mask", "seq_geo_tis"])
 def test_rollout_corrections_weight_the_policy_loss(tiny, mode):
     """The mode's weight multiplies the policy-gradient term (not the KL term) and its metrics are logged."""
     import dataclasses
@@ -250,12 +250,14 @@ def test_rollout_corrections_weight_the_policy_loss(tiny, mode):
     mask = batch.response_mask
     with torch.no_grad(), policy.reference() as ref:
         batch.ref_logp, _ = token_logprobs(ref, batch, 1.0)
-    algo = dataclasses.replace(cfg.algo, rollout_correction=mode, rollout_is_low=0.6, rollout_is_high=1.6,
+    # every row's geometric-mean ratio is exp(0.2) = 1.22: seq_geo_tis clips it only under a band below that
+    high = 1.1 if mode == "seq_geo_tis" else 1.6
+    algo = dataclasses.replace(cfg.algo, rollout_correction=mode, rollout_is_low=0.6, rollout_is_high=high,
                                beta=0.04, loss_agg="token-mean")
     norm = LossNorm(float(batch.size), float(mask.sum()), 8.0)
     loss, m = _policy_loss(policy, batch, algo, STATE, 1.0, norm)
-    weight, want_m = ROLLOUT_CORRECTIONS.get(mode)(batch.old_logp, batch.sampler_logp, mask, 0.6, 1.6)
-    assert 0 < float((weight == 0).float().mul(mask).sum() + (weight == 1.6).float().mul(mask).sum())
+    weight, want_m = ROLLOUT_CORRECTIONS.get(mode)(batch.old_logp, batch.sampler_logp, mask, 0.6, high)
+    assert 0 < float((weight == 0).float().mul(mask).sum() + (weight == high).float().mul(mask).sum())
     for k, v in want_m.items():
         assert float(m[k]) == pytest.approx(float(v), abs=1e-6), k
     # At the rollout policy the ratio is 1 and the k3 KL is computed against the reference.
