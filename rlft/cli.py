@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # `rlft train ...` never reaches argparse (main hands it to Hydra); listed here for `rlft --help`.
     sub.add_parser("train", help="run a training job or a sweep (a Hydra application: rlft train --help)")
+    sub.add_parser("check", help="before a long run, whether it can learn: sample, score and time one step of the "
+                   "run's config (rlft check --help)")
     sub.add_parser("rm", help="train a reward model on preference pairs (a Hydra application: rlft rm --help)")
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
     export.add_argument("checkpoint", help="a checkpoints/step_NNNNNN directory, or a run directory (newest)")
@@ -132,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlft.app import run  # Hydra
 
         return run(rest)
+    if argv[:1] == ["check"]:  # rlft train's Hydra application, with a check for its job
+        from rlft.check.command import main as check_main
+
+        return check_main(argv[1:])
     if argv[:1] == ["rm"]:  # Hydra parses the rest, as for train
         from rlft.rm.command import main as rm_main
 
