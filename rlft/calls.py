@@ -116,11 +116,13 @@ class _Worker:
         finally:
             child.close()
         self.index = -1
+        self.started = 0.0
         self.deadline = float("inf")
 
     def start(self, index: int, call: tuple[tuple, dict], timeout_s: float) -> None:
         self.index = index
-        self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout_s if timeout_s > 0 else float("inf")
         self.conn.send(call)
 
     def receive(self) -> tuple[bool, Any] | None:
@@ -145,15 +147,48 @@ class _Worker:
         self.conn.close()
 
 
+class Pool:
+    """Worker processes for one function, kept between batches of calls (a tool's calls, step after step): each
+    batch is settled as :func:`settle_calls` does, on up to ``num_workers`` processes forked when first needed and
+    reused after; a worker that hung (killed at ``timeout_s``) or died is replaced by a fresh one, and one found
+    dead while idle is replaced before it is given a call. ``seconds[i]``: how long call ``i`` of the last batch
+    ran in its worker."""
+
+    def __init__(self, fn: Callable[..., Any], num_workers: int, timeout_s: float):
+        self._workers = _Workers(fn, CallPolicy(max(1, num_workers), timeout_s), settle=True, keep=True)
+
+    def settle(self, calls: Sequence[tuple[tuple, dict]]) -> list[Any]:
+        return self._workers.run(calls, None) if calls else []
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        return self._workers.seconds
+
+    @property
+    def pids(self) -> list[int]:
+        """The live workers' process ids (idle between batches)."""
+        return [w.process.pid for w in self._workers.idle]
+
+    def close(self) -> None:
+        self._workers.close()
+
+
 class _Workers:
     """``policy.num_workers`` (at least 1) workers for one function; a hung or dead one is replaced. With
-    ``settle``, a failure neither stops the calls after it nor is raised: it is that call's result."""
+    ``settle``, a failure neither stops the calls after it nor is raised: it is that call's result. With
+    ``keep``, the idle workers outlive run() (close() stops them)."""
 
-    def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False):
-        self.fn, self.policy, self.settle = fn, policy, settle
+    def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False, keep: bool = False):
+        self.fn, self.policy, self.settle, self.keep = fn, policy, settle, keep
         self.ctx = multiprocessing.get_context("fork")  # workers inherit the imported user modules
         self.idle: list[_Worker] = []
         self.busy: list[_Worker] = []
+        self.seconds: dict[int, float] = {}
+
+    def close(self) -> None:
+        for worker in self.idle + self.busy:
+            worker.stop()
+        self.idle, self.busy = [], []
 
     def run(self, calls: Sequence[tuple[tuple, dict]], timed_out: Any) -> list[Any]:
         """Every call's result; a failure is raised once the calls before it are settled, so the
@@ -161,15 +196,18 @@ class _Workers:
         results: dict[int, Any] = {}
         failures: dict[int, Exception] = {}
         queue = deque(range(len(calls)))
+        self.seconds = {}
         try:
-            for _ in range(min(max(1, self.policy.num_workers), len(calls))):
+            for _ in range(min(max(1, self.policy.num_workers), len(calls)) - len(self.idle)):
                 self.idle.append(_Worker(self.ctx, self.fn))  # one by one: the finally stops those started
             while _unsettled(results, failures, self._bound(len(calls), failures)):
                 while queue and self.idle and queue[0] < self._bound(len(calls), failures):
                     worker, i = self.idle.pop(), queue.popleft()
                     try:
+                        if not worker.process.is_alive():  # it died while idle (the OOM killer's pick, a kill)
+                            raise OSError
                         worker.start(i, calls[i], self.policy.timeout_s)
-                    except OSError:  # it died while idle (the OOM killer's pick): a fresh one takes the call
+                    except OSError:  # a fresh one takes the call
                         worker.stop()
                         self.idle.append(_Worker(self.ctx, self.fn))
                         queue.appendleft(i)
@@ -177,8 +215,11 @@ class _Workers:
                     self.busy.append(worker)
                 self._collect(results, failures, timed_out)
         finally:
-            for worker in self.idle + self.busy:
+            for worker in self.busy if self.keep else self.idle + self.busy:
                 worker.stop()
+            self.busy = []
+            if not self.keep:
+                self.idle = []
         if self.settle:
             return [results[i] if i in results else failures[i] for i in range(len(calls))]
         if failures:
@@ -201,6 +242,7 @@ class _Workers:
                     self._lost(worker, True, results, failures, timed_out)
                     continue
                 ok, value = reply
+                self.seconds[worker.index] = time.monotonic() - worker.started
                 if ok:
                     results[worker.index] = value
                 else:
@@ -215,6 +257,7 @@ class _Workers:
               timed_out: Any) -> None:
         """A worker died, or hung past its deadline (it is killed): its call scores ``timed_out`` under
         ``on_timeout``, else fails; a fresh worker takes its place."""
+        self.seconds[worker.index] = time.monotonic() - worker.started
         worker.stop(died)
         if self.policy.on_timeout is not None:
             results[worker.index] = timed_out

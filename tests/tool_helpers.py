@@ -87,3 +87,26 @@ def no_type_hints(x):
 
 
 NOT_CALLABLE = 42
+
+
+def slow_lookup(x: int) -> str:
+    """Waits half a second (an API's latency), then answers.
+
+    Args:
+        x: Any integer.
+    """
+    import time
+
+    time.sleep(0.5)
+    return f"looked up {x}"
+
+
+def worker_pid(x: int) -> str:
+    """The process id of the worker that runs the call.
+
+    Args:
+        x: Any integer.
+    """
+    import os
+
+    return str(os.getpid())

@@ -640,6 +640,10 @@ class EpisodeConfig:
     """Wall-clock limit of one call into episode.env (building an environment, or one step); past it the
     run ends with one line naming the environment (0: no limit). Enforced with SIGALRM in the main
     thread: a call blocked inside C code is stopped when it returns to Python."""
+    env_workers: int = knob(32, (HARMLESS, "how many environment calls run at once; the episodes are unchanged"),
+                            range="[1, inf)")
+    """Worker processes that run the user tools' calls of the episodes waiting on them, all at once: sized for calls that wait (an API, a test suite), not for cores. Kept for the whole run and
+    replaced when one dies or hangs. The built-in python tool runs at most one program per CPU core."""
     tool_timeout_s: float = knob(10.0, EPISODES, range="(0, inf)")
     """Wall-clock limit of one tool call; past it the call is stopped and the policy reads an error
     message instead of a result."""

@@ -2,7 +2,10 @@
 
 Every episode of a call advances together: one sampler call per turn for the episodes still going
 (grouped by the room each has left), each continuing from its exact token ids (prompt, the policy's
-earlier turns, the environment's messages). vLLM caches the shared prefixes across turns.
+earlier turns, the environment's messages). vLLM caches the shared prefixes across turns. Between two
+turns the environments of all episodes waiting on them are stepped at once: an environment class with a
+``step_batch(envs, replies)`` (the tools' ToolEnv, the worker-held user environments) takes its episodes
+together; any other is stepped one episode after another in this process.
 
 Sampling seeds: turn 1 of episode j is seeded as a single-turn completion would be (the rollout's
 per-prompt seeds); turn k > 1 draws from that seed with k folded into bits 40+, which no seed of the
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +53,8 @@ class Episodes(Generations):
             assistant, special tokens removed) and the environment's messages.
         env_rewards: Per episode, the sum of its Step rewards (None: no step gave one).
         events: Step events summed over the episodes, by name.
+        env_s: Wall-clock seconds spent waiting on the environments (building them and every step).
+        env_seconds: Per episode, the seconds its own environment calls took (its longest chain).
     """
 
     policy_mask: list[list[int]] = field(default_factory=list)
@@ -56,6 +62,12 @@ class Episodes(Generations):
     transcripts: list[list[dict[str, Any]]] = field(default_factory=list)
     env_rewards: list[float | None] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)
+    env_s: float = 0.0
+    env_seconds: list[float] = field(default_factory=list)
+
+
+Progress = Callable[[int, int, int], None]
+"""Told ``(done, generating, waiting on the environment)`` episode counts as a rollout's episodes advance."""
 
 
 @dataclass
@@ -71,6 +83,7 @@ class _Episode:
     """The last turn hit its token cap without a stop token."""
     truncated: bool = False
     reward: float | None = None
+    env_s: float = 0.0
 
     def add_turn(self, ids: list[int], lps: list[float] | None, cut: bool, text: str) -> None:
         self.tokens += ids
@@ -88,9 +101,10 @@ class _Episode:
 
 
 def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], params: SamplingParams,
-                 make_env: Callable[[int], Any], limits: Limits, env_name: str = "environment") -> Episodes:
+                 make_env: Callable[[int], Any], limits: Limits, env_name: str = "environment",
+                 progress: Progress | None = None) -> Episodes:
     """``params.n`` episodes per prompt (prompt-major, as Generations), ``make_env(prompt_index)`` building
-    each one's environment.
+    each one's environment; ``progress`` is told the episode counts as they change.
 
     Raises:
         EnvError: an environment raised, or returned something that is not a Step.
@@ -99,14 +113,20 @@ def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], par
     seeds = completion_seeds(params) or [None] * len(first.completion_ids)
     texts = tokenizer.batch_decode(first.completion_ids, skip_special_tokens=True)
     episodes = []
+    t0 = time.perf_counter()
     for i, p in enumerate(first.prompt_index):
         ep = _Episode(prompts[p], _build(make_env, p, env_name, limits.env_timeout_s))
         ep.add_turn(first.completion_ids[i], first.logprobs[i] if first.logprobs else None, first.truncated[i], texts[i])
         episodes.append(ep)
+    env_s = time.perf_counter() - t0
     events: dict[str, int] = {}
     going = list(range(len(episodes)))
     while going:
-        going = [i for i in going if _advance(episodes[i], tokenizer, limits, params, env_name, events)]
+        _tell(progress, len(episodes) - len(going), 0, len(going))
+        t0 = time.perf_counter()
+        going = _advance_all(episodes, going, tokenizer, limits, params, env_name, events)
+        env_s += time.perf_counter() - t0
+        _tell(progress, len(episodes) - len(going), len(going), 0)
         for room, idx in _by_room(episodes, going, limits, params.max_new_tokens).items():
             turn_params = dataclasses.replace(
                 params, n=1, max_new_tokens=room, seed=None,
@@ -116,10 +136,17 @@ def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], par
             for k, i in enumerate(idx):
                 episodes[i].add_turn(gens.completion_ids[k], gens.logprobs[k] if gens.logprobs else None,
                                      gens.truncated[k], new_texts[k])
+    _tell(progress, len(episodes), 0, 0)
     logged = first.logprobs is not None
     return Episodes(list(first.prompt_index), [e.tokens for e in episodes], [e.truncated for e in episodes],
                     [e.logprobs for e in episodes] if logged else None, [e.mask for e in episodes],
-                    [e.turns for e in episodes], [e.transcript for e in episodes], [e.reward for e in episodes], events)
+                    [e.turns for e in episodes], [e.transcript for e in episodes], [e.reward for e in episodes], events,
+                    env_s, [e.env_s for e in episodes])
+
+
+def _tell(progress: Progress | None, done: int, generating: int, waiting: int) -> None:
+    if progress is not None:
+        progress(done, generating, waiting)
 
 
 @contextmanager
@@ -150,13 +177,25 @@ def _build(make_env: Callable[[int], Any], prompt_index: int, env_name: str, tim
         return make_env(prompt_index)
 
 
-def _advance(ep: _Episode, tokenizer: Any, limits: Limits, params: SamplingParams, env_name: str,
-             events: dict[str, int]) -> bool:
-    """Show the environment the policy's last reply; True when the policy takes another turn."""
-    if ep.cut:  # cut mid-reply: the environment is not shown a partial turn
-        ep.truncated = True
-        return False
-    step = _step(ep, env_name, limits.env_timeout_s)
+def _advance_all(episodes: list[_Episode], going: list[int], tokenizer: Any, limits: Limits, params: SamplingParams,
+                 env_name: str, events: dict[str, int]) -> list[int]:
+    """Show the environments of ``going`` the policy's last replies, all at once; the episodes whose policy takes
+    another turn."""
+    stepped = []
+    for i in going:
+        if episodes[i].cut:  # cut mid-reply: the environment is not shown a partial turn
+            episodes[i].truncated = True
+        else:
+            stepped.append(i)
+    steps = _step_all([episodes[i] for i in stepped], env_name, limits.env_timeout_s)
+    return [i for i, (step, seconds) in zip(stepped, steps)
+            if _apply(episodes[i], step, seconds, tokenizer, limits, params, env_name, events)]
+
+
+def _apply(ep: _Episode, step: Step, seconds: float, tokenizer: Any, limits: Limits, params: SamplingParams,
+           env_name: str, events: dict[str, int]) -> bool:
+    """Take the environment's answer into the episode; True when the policy takes another turn."""
+    ep.env_s += seconds
     for name, count in step.events.items():
         events[name] = events.get(name, 0) + count
     if step.reward is not None:
@@ -177,13 +216,38 @@ def _advance(ep: _Episode, tokenizer: Any, limits: Limits, params: SamplingParam
     return True
 
 
+def _step_all(eps: list[_Episode], env_name: str, timeout_s: float) -> list[tuple[Step, float]]:
+    """Each episode's Step for its last reply and the seconds it took: the environments whose class has a
+    ``step_batch`` all at once, class by class; the others one after another."""
+    out: list[tuple[Step, float] | None] = [None] * len(eps)
+    by_class: dict[type, list[int]] = {}
+    for k, ep in enumerate(eps):
+        by_class.setdefault(type(ep.env), []).append(k)
+    for cls, ks in by_class.items():
+        batch = getattr(cls, "step_batch", None)
+        if batch is not None:
+            for k, answer in zip(ks, batch([eps[k].env for k in ks], [eps[k].transcript[-1]["content"] for k in ks])):
+                out[k] = answer
+            continue
+        for k in ks:
+            t0 = time.perf_counter()
+            step = _step(eps[k], env_name, timeout_s)
+            out[k] = (step, time.perf_counter() - t0)
+    for answer in out:
+        assert answer is not None
+        _check_step(answer[0], env_name)
+    return out  # type: ignore[return-value]
+
+
 def _step(ep: _Episode, env_name: str, timeout_s: float) -> Step:
     reply = ep.transcript[-1]["content"]
     with _user_call(env_name, f"step() on the reply {reply[:60]!r}", timeout_s):
-        step = ep.env.step(reply)
+        return ep.env.step(reply)
+
+
+def _check_step(step: Any, env_name: str) -> None:
     if not isinstance(step, Step):
         raise EnvError(f"{env_name}: step() returned {type(step).__name__}, not rlft.episodes.env.Step")
-    return step
 
 
 def _room(ep: _Episode, extra: list[int], limits: Limits, max_new_tokens: int) -> int:
@@ -217,5 +281,7 @@ def concat(prompt_index: list[int], parts: list[Generations]) -> Generations:
     for p in parts:
         for k, v in p.events.items():
             events[k] = events.get(k, 0) + v
+    # The parts are ranks, stepping their environments at the same time: the longest wait is the round's.
     return Episodes(*common, [m for p in parts for m in p.policy_mask], [t for p in parts for t in p.turns],
-                    [t for p in parts for t in p.transcripts], [r for p in parts for r in p.env_rewards], events)
+                    [t for p in parts for t in p.transcripts], [r for p in parts for r in p.env_rewards], events,
+                    max(p.env_s for p in parts), [s for p in parts for s in p.env_seconds])

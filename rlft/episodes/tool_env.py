@@ -19,12 +19,25 @@ class ToolEnv:
         self.runner, self.role = runner, role
 
     def step(self, reply: str) -> Step:
-        calls = parse_tool_calls(reply)
-        if not calls:  # the count is logged even when no episode calls (episode/tool_calls 0)
-            return Step(done=True, events={"tool_calls": 0})
-        results = self.runner.run_reply(calls)  # calls past episode.max_tool_calls read an error
+        return self.step_batch([self], [reply])[0][0]
+
+    @staticmethod
+    def step_batch(envs: Sequence[ToolEnv], replies: Sequence[str]) -> list[tuple[Step, float]]:
+        """Each episode's step for its reply, and the seconds its calls ran: the calls of every reply run at once
+        (rlft.episodes.run steps all waiting episodes through this), one runner's calls in one batch."""
+        out: list[tuple[Step, float] | None] = [None] * len(envs)
+        parsed = [parse_tool_calls(r) for r in replies]
+        for runner in {id(e.runner): e.runner for e in envs}.values():
+            mine = [i for i, e in enumerate(envs) if e.runner is runner and parsed[i]]
+            results, seconds = runner.run_replies([parsed[i] for i in mine])
+            for i, res, s in zip(mine, results, seconds):
+                out[i] = (envs[i].finish(len(parsed[i]), res), s)
+        # a reply without a call ends the episode; the count is logged even when no episode calls (tool_calls 0)
+        return [o if o is not None else (Step(done=True, events={"tool_calls": 0}), 0.0) for o in out]
+
+    def finish(self, calls: int, results: list[ToolResult]) -> Step:
         errors = count_errors(results)
-        events = {"tool_calls": len(calls), "tool_errors": sum(errors.values()),
+        events = {"tool_calls": calls, "tool_errors": sum(errors.values()),
                   **{f"tool_errors/{kind}": n for kind, n in errors.items()}}
         return Step(messages=result_messages(results, self.role), events=events)
 

@@ -2,8 +2,8 @@
 policy reads, never an exception.
 
 User tools are user code that may raise, hang, call ``sys.exit`` or ``os._exit`` or kill their process:
-they run in forked worker processes (rlft.calls) with ``episode.tool_timeout_s`` as the limit of each
-call. The built-ins are rlft's code and bound themselves (the python tool kills its own process group
+they run in forked worker processes (rlft.calls.Pool, kept for the run) with ``episode.tool_timeout_s`` as the
+limit of each call. The built-ins are rlft's code and bound themselves (the python tool kills its own process group
 at the limit): they run in this process, on threads, since a worker killed at the limit would leave the
 python tool's process behind.
 """
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rlft.calls import CallDied, CallFailed, CallPolicy, CallTimeout, describe, settle_calls
+from rlft.calls import CallDied, CallFailed, CallTimeout, Pool, describe
 from rlft.errors import ToolTimeout
 from rlft.tools.builtin import cut_output
 from rlft.tools.format import CALL_EXAMPLE, ToolCall
@@ -63,9 +64,10 @@ def count_errors(results: Sequence[ToolResult]) -> dict[str, int]:
 class ToolRunner:
     """Runs calls of ``tools`` under ``cfg``'s limits (``tool_timeout_s``, ``tool_output_chars``).
 
-    Args:
-        num_workers: Calls run at once (worker processes for user tools, threads for the built-ins);
-            0: one per CPU core this process may use.
+    User tools run in worker processes (``cfg.env_workers`` at most, sized for calls that wait, not for cores),
+    forked at the first call that needs them and kept for the run's later calls (rlft.calls.Pool); a worker that
+    hung or died is replaced. The built-ins run on ``num_workers`` threads (0: one per CPU core this process may
+    use: the python tool's programs are CPU-bound).
     """
 
     def __init__(self, tools: Sequence[Tool], cfg: EpisodeConfig, num_workers: int = 0):
@@ -73,41 +75,71 @@ class ToolRunner:
         self.cfg = cfg
         self.num_workers = num_workers or len(os.sched_getaffinity(0))
         self._threads: ThreadPoolExecutor | None = None
+        self._pool: Pool | None = None
 
     def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """One result per call, in order. User tools run first, then the built-ins: forking workers while
-        threads of this process are inside subprocess calls could copy a held lock into the workers."""
+        """One result per call, in order."""
+        return self._run(calls)[0]
+
+    def run_reply(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """One result per call of one reply (run_replies)."""
+        return self.run_replies([calls])[0][0]
+
+    def run_replies(self, replies: Sequence[Sequence[ToolCall]]) -> tuple[list[list[ToolResult]], list[float]]:
+        """The results of several replies' calls, all run at once (episodes waiting on their tools together), and
+        per reply the seconds its longest call ran. Of each reply the first ``episode.max_tool_calls`` are run,
+        each call after them reads a too_many_calls error instead (a reply full of hanging calls would cost a
+        timeout each)."""
+        cap = self.cfg.max_tool_calls
+        flat = [c for calls in replies for c in calls[:cap]]
+        results, seconds = self._run(flat)
+        out, took, at = [], [], 0
+        for calls in replies:
+            ran = len(calls[:cap])
+            extra = [self._error(c.name, "too_many_calls", _too_many(i, cap)) for i, c in enumerate(calls[cap:], cap + 1)]
+            out.append(results[at : at + ran] + extra)
+            took.append(max(seconds[at : at + ran], default=0.0))
+            at += ran
+        return out, took
+
+    def _run(self, calls: Sequence[ToolCall]) -> tuple[list[ToolResult], list[float]]:
+        """One result per call, in order, and the seconds each ran. User tools run first, then the built-ins:
+        forking a worker (a first one, or one replacing a worker that died) while threads of this process are
+        inside subprocess calls could copy a held lock into it."""
         results: list[ToolResult | None] = [self._refusal(c) for c in calls]
+        seconds = [0.0] * len(calls)
         pending = [i for i, r in enumerate(results) if r is None]
         user = [i for i in pending if not self.tools[calls[i].name].builtin]
         builtin = [i for i in pending if self.tools[calls[i].name].builtin]
         if user:
-            policy = CallPolicy(min(self.num_workers, len(user)), self.cfg.tool_timeout_s)
-            names = [calls[i].name for i in user]
-            outcomes = settle_calls(self._call_user, [((calls[i].name, calls[i].arguments), {}) for i in user], policy)
-            for i, name, outcome in zip(user, names, outcomes):
-                results[i] = self._result(name, outcome)
+            if self._pool is None:
+                self._pool = Pool(self._call_user, self.cfg.env_workers, self.cfg.tool_timeout_s)
+            outcomes = self._pool.settle([((calls[i].name, calls[i].arguments), {}) for i in user])
+            for k, (i, outcome) in enumerate(zip(user, outcomes)):
+                results[i] = self._result(calls[i].name, outcome)
+                seconds[i] = self._pool.seconds.get(k, 0.0)
         if builtin:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(self.num_workers, thread_name_prefix="rlft-tool")
-            futures = [self._threads.submit(self._call_builtin, calls[i].name, calls[i].arguments) for i in builtin]
+            futures = [self._threads.submit(self._timed_builtin, calls[i].name, calls[i].arguments) for i in builtin]
             for i, future in zip(builtin, futures):
-                results[i] = self._result(calls[i].name, future.result())
-        return [r for r in results if r is not None]
+                outcome, seconds[i] = future.result()
+                results[i] = self._result(calls[i].name, outcome)
+        return [r for r in results if r is not None], seconds
 
-    def run_reply(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """One result per call of one reply: the first ``episode.max_tool_calls`` are run (run()), each call
-        after them reads a too_many_calls error instead (a reply full of hanging calls would cost a timeout
-        each)."""
-        cap = self.cfg.max_tool_calls
-        extra = [self._error(c.name, "too_many_calls", _too_many(i, cap)) for i, c in enumerate(calls[cap:], cap + 1)]
-        return self.run(calls[:cap]) + extra
+    @property
+    def worker_pids(self) -> list[int]:
+        """The user tools' idle worker processes (none before the first user call)."""
+        return self._pool.pids if self._pool is not None else []
 
     def close(self) -> None:
-        """Stop the threads (worker processes live only while run() runs)."""
+        """Stop the threads and the worker processes."""
         if self._threads is not None:
             self._threads.shutdown()
             self._threads = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def __enter__(self) -> ToolRunner:
         return self
@@ -134,11 +166,12 @@ class ToolRunner:
         pickled back, and some cannot)."""
         return _text_or_not(self.tools[name].fn(**arguments))
 
-    def _call_builtin(self, name: str, arguments: dict[str, Any]) -> Any:
+    def _timed_builtin(self, name: str, arguments: dict[str, Any]) -> tuple[Any, float]:
+        start = time.monotonic()
         try:
-            return _text_or_not(self.tools[name].fn(**arguments))
+            return _text_or_not(self.tools[name].fn(**arguments)), time.monotonic() - start
         except Exception as e:  # noqa: BLE001  (worded for the policy)
-            return CallFailed(0, e)
+            return CallFailed(0, e), time.monotonic() - start
 
     def _result(self, name: str, outcome: Any) -> ToolResult:
         """A call's outcome (a text, NotAString, or how it failed) as the policy's message."""

@@ -1,0 +1,85 @@
+"""Every waiting episode's environment at once (issue 36): the tool calls of all episodes in one batch on worker
+processes kept for the run, the environments of episode.env in worker processes of their own; real processes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rlft.config.schemas import EpisodeConfig
+from rlft.episodes.tool_env import ToolEnv
+from rlft.tools.run import ToolRunner
+from rlft.tools.spec import load_tools
+
+H = "tests.tool_helpers"
+
+
+def _reply(name: str, **arguments) -> str:
+    import json
+
+    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+
+
+def _runner(*names: str, **cfg) -> tuple[ToolRunner, EpisodeConfig]:
+    c = EpisodeConfig(**{"tool_timeout_s": 5.0, **cfg})
+    return ToolRunner(load_tools([f"{H}:{n}" for n in names], c), c), c
+
+
+def test_the_calls_of_32_waiting_episodes_run_at_once():
+    runner, _ = _runner("slow_lookup")
+    with runner:
+        envs = [ToolEnv(runner) for _ in range(32)]
+        ToolEnv.step_batch(envs[:1], [_reply("slow_lookup", x=0)])  # forks the first worker
+        start = time.monotonic()
+        out = ToolEnv.step_batch(envs, [_reply("slow_lookup", x=i) for i in range(32)])
+        took = time.monotonic() - start
+    # One episode after another (rlft before issue 36): 32 x 0.5 s = 16 s.
+    assert took < 4.0, took
+    assert [s.messages[0]["content"] for s, _ in out] == [f"looked up {i}" for i in range(32)]
+    assert all(0.45 < seconds < 3.0 for _, seconds in out)  # each episode's own time: its call's
+    assert all(s.events["tool_calls"] == 1 and s.events["tool_errors"] == 0 and not s.done for s, _ in out)
+
+
+def test_a_reply_without_a_call_ends_its_episode_beside_the_others():
+    runner, _ = _runner("multiply")
+    with runner:
+        envs = [ToolEnv(runner) for _ in range(3)]
+        out = ToolEnv.step_batch(envs, [_reply("multiply", a=2, b=3.0), "The answer is 6.", _reply("nope")])
+    assert out[0][0].messages[0]["content"] == "6.0"
+    assert out[1] == (out[1][0], 0.0) and out[1][0].done and out[1][0].events == {"tool_calls": 0}
+    assert out[2][0].events["tool_errors/unknown_tool"] == 1
+
+
+def test_tool_workers_are_kept_across_steps_and_replaced_when_one_dies():
+    runner, _ = _runner("worker_pid", "exits_hard", env_workers=3)
+    with runner:
+        envs = [ToolEnv(runner) for _ in range(3)]
+        first = {s.messages[0]["content"] for s, _ in ToolEnv.step_batch(envs, [_reply("worker_pid", x=1)] * 3)}
+        again = {s.messages[0]["content"] for s, _ in ToolEnv.step_batch(envs, [_reply("worker_pid", x=2)] * 3)}
+        assert len(first) == 3 and again == first  # the same three processes: not forked per episode or step
+        assert str(os.getpid()) not in first
+        died = ToolEnv.step_batch(envs[:1], [_reply("exits_hard", x=1)])[0][0]
+        assert died.messages[0]["content"] == "Error: exits_hard ended its process (exited with code 3) without returning"
+        after = {s.messages[0]["content"] for s, _ in ToolEnv.step_batch(envs, [_reply("worker_pid", x=3)] * 3)}
+        assert len(after) == 3 and len(after & first) == 2  # one fresh worker in place of the dead one
+        # one killed while idle between steps is replaced before it is given a call
+        victim = int(sorted(after)[0])
+        os.kill(victim, 9)
+        time.sleep(0.2)
+        last = {s.messages[0]["content"] for s, _ in ToolEnv.step_batch(envs, [_reply("worker_pid", x=4)] * 3)}
+        assert len(last) == 3 and str(victim) not in last
+        pids = runner.worker_pids
+    for pid in pids:  # close() stops them
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_hanging_call_costs_its_timeout_not_the_others_time():
+    runner, _ = _runner("hangs", "slow_lookup", tool_timeout_s=1.5)
+    with runner:
+        envs = [ToolEnv(runner) for _ in range(8)]
+        start = time.monotonic()
+        out = ToolEnv.step_batch(envs, [_reply("hangs", x=0)] + [_reply("slow_lookup", x=i) for i in range(1, 8)])
+        took = time.monotonic() - start
+    assert took < 4.0, took
+    assert out[0][0].events["tool_errors/timeout"] == 1
+    assert [s.messages[0]["content"] for s, _ in out[1:]] == [f"looked up {i}" for i in range(1, 8)]
