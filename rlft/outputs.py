@@ -62,6 +62,11 @@ class Outputs:
         if self.tracker is not None:
             self.tracker.info(message)
 
+    def episodes(self, done: int, generating: int, waiting: int) -> None:
+        """A rollout's episode counts (rlft.episodes.run.Progress), shown on the progress line."""
+        if self.tracker is not None:
+            self.tracker.episodes(done, generating, waiting)
+
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
         if self.tracker is not None:
             self.tracker.log_step(step, metrics)

@@ -23,7 +23,7 @@ from rlft.batch import RolloutBatch, pack
 from rlft.config.validation import policy_budget
 from rlft.data import Problem
 from rlft.distributed import SINGLE, DataParallel
-from rlft.episodes.run import Episodes, concat
+from rlft.episodes.run import Episodes, Progress, concat
 from rlft.episodes.sample import sample_problems
 from rlft.episodes.setup import EpisodeSetup
 from rlft.rewards.normalize import shape_rewards
@@ -110,10 +110,11 @@ class _KeptRow:
 
 
 def _sample_round(sampler: Sampler, tokenizer: Any, scorers: list[Scorer], gold: Scorer | None, problems: list[Problem],
-                  cfg: Config, cursor: int, indices: range, episodes: EpisodeSetup | None = None) -> _Round:
+                  cfg: Config, cursor: int, indices: range, episodes: EpisodeSetup | None = None,
+                  progress: Progress | None = None) -> _Round:
     t0 = time.perf_counter()
     prompts, gens, samples = sample_problems(sampler, tokenizer, problems, cfg.data,
-                                             sampling_params(cfg, cursor, indices), episodes)
+                                             sampling_params(cfg, cursor, indices), episodes, progress)
     t1 = time.perf_counter()
     scored = score_all(scorers, samples, gold)
     per_fn = scored.per_name
@@ -156,11 +157,12 @@ def _merge(parts: list[_Round]) -> _Round:
                   max(p.generate_s for p in parts), max(p.reward_s for p in parts))
 
 
-def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Rollout:
+def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE, progress: Progress | None = None) -> Rollout:
     """Sample groups, score them, and (DAPO) keep only informative groups, sampling more rounds
     until ``trainer.num_prompts`` groups are kept or ``algo.max_sampling_rounds`` is reached.
 
-    ``c`` is the trainer's Components (task, sampler, policy, cursor, device).
+    ``c`` is the trainer's Components (task, sampler, policy, cursor, device); ``progress`` is told this rank's
+    episode counts as they change (multi-turn episodes only).
     """
     a, want = cfg.algo, cfg.trainer.num_prompts
     share = want // dp.world
@@ -171,7 +173,7 @@ def collect_rollout(c: Components, cfg: Config, dp: DataParallel = SINGLE) -> Ro
     while True:
         problems = c.task.batch(c.cursor, want)
         own = _sample_round(c.sampler, c.policy.tokenizer, c.scorers, c.gold, problems[mine.start : mine.stop], cfg,
-                            c.cursor, mine, c.episodes)
+                            c.cursor, mine, c.episodes, progress)
         r = _shape(_merge(dp.all_gather(own)), c, cfg)
         c.cursor += 1
         seen.append(r)
@@ -275,6 +277,8 @@ def _episode_metrics(eps: list[Episodes]) -> dict[str, float]:
            "episode/policy_token_frac": sum(sum(m) for e in eps for m in e.policy_mask) / max(tokens, 1)}
     for name in sorted({k for e in eps for k in e.events}):
         out[f"episode/{name}"] = sum(e.events.get(name, 0) for e in eps) / count
+    out["time/env_s"] = sum(e.env_s for e in eps)
+    out["time/env_longest_s"] = max(s for e in eps for s in e.env_seconds)
     return out
 
 

@@ -45,9 +45,10 @@ class Tracker:
         self.console = Console(stderr=False, quiet=not console)
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[episodes]}"), console=self.console,
+            transient=False,
         )
-        self.task = self.progress.add_task("train", total=total_steps, completed=start_step)
+        self.task = self.progress.add_task("train", total=total_steps, completed=start_step, episodes="")
         self.progress.start()
         self.wandb = None
         if cfg.logger.wandb.enabled:
@@ -73,7 +74,11 @@ class Tracker:
             f"{label} {fmt.format(metrics[k])}" for k, label, fmt in _CONSOLE_KEYS if k in metrics
         ]
         self.info("  ".join(parts))
-        self.progress.update(self.task, completed=step)
+        self.progress.update(self.task, completed=step, episodes="")
+
+    def episodes(self, done: int, generating: int, waiting: int) -> None:
+        """The rollout's episodes, on the progress line: done, generating (the sampler's), waiting on the environment."""
+        self.progress.update(self.task, episodes=episodes_text(done, generating, waiting))
 
     def close(self) -> None:
         self.progress.stop()
@@ -81,6 +86,10 @@ class Tracker:
             self.wandb.finish()
         self.log.removeHandler(self._file_handler)
         self._file_handler.close()
+
+
+def episodes_text(done: int, generating: int, waiting: int) -> str:
+    return f"episodes {done} done | {generating} running | {waiting} waiting on env"
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:

@@ -137,7 +137,7 @@ def train_step(step: int, c: Components, cfg: Config, out: Outputs | None = None
     """One iteration (``step`` counts from 1); returns its metrics (over all ranks)."""
     t_start = time.perf_counter()
     c.policy.model.eval()
-    rollout = collect_rollout(c, cfg, c.dp)
+    rollout = collect_rollout(c, cfg, c.dp, out.episodes if out is not None else None)
     if out is not None:
         out.log_rollout(step, rollout.rows)
     c.sampler.sleep()  # GPU: give the engine's memory to the learner until the next sync

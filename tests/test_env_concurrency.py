@@ -83,3 +83,26 @@ def test_a_hanging_call_costs_its_timeout_not_the_others_time():
     assert took < 4.0, took
     assert out[0][0].events["tool_errors/timeout"] == 1
     assert [s.messages[0]["content"] for s, _ in out[1:]] == [f"looked up {i}" for i in range(1, 8)]
+
+
+def test_the_progress_line_shows_the_episodes(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from rlft.config import compose
+    from rlft.tracking import Tracker
+
+    cfg, _, _ = compose(["logger.console=true"])
+    tracker = Tracker(tmp_path, cfg, 10, console=False)
+    try:
+        tracker.episodes(20, 8, 4)
+        shown = io.StringIO()
+        Console(file=shown, width=200).print(tracker.progress.get_renderable())
+        assert "episodes 20 done | 8 running | 4 waiting on env" in shown.getvalue()
+        tracker.log_step(1, {"time/step_s": 1.0})  # a logged step clears it until the next rollout
+        shown = io.StringIO()
+        Console(file=shown, width=200).print(tracker.progress.get_renderable())
+        assert "episodes" not in shown.getvalue() and "1/10" in shown.getvalue()
+    finally:
+        tracker.close()

@@ -100,8 +100,16 @@ def test_a_two_turn_episode_masks_the_tool_message_and_sums_step_rewards(tiny):
     sampler, tok = tiny
     prompt = _prompt(tok)
     params = _params(n=8, max_new_tokens=6)
-    eps = run_episodes(sampler, tok, [prompt], params, lambda i: envs.TwoTurnEnv(Problem("q", "5")), Limits(4, 1000))
+    told = []
+    eps = run_episodes(sampler, tok, [prompt], params, lambda i: envs.TwoTurnEnv(Problem("q", "5")), Limits(4, 1000),
+                       progress=lambda *counts: told.append(counts))
     firsts = sampler.generate([prompt], params).completion_ids
+    # The progress line's counts (done, generating, waiting on the environment): all 8 wait on it after turn 1,
+    # those the environment sends back generate, all are done at the end; always 8 in all.
+    assert told[0] == (0, 0, 8) and told[-1] == (8, 0, 0) and all(sum(c) == 8 for c in told)
+    again = sum(t >= 2 for t in eps.turns)
+    assert told[1] == (8 - again, again, 0) and again > 0
+    assert len(eps.env_seconds) == 8 and all(s >= 0 for s in eps.env_seconds) and eps.env_s >= max(eps.env_seconds)
     suffix = turn_suffix_ids(tok, [{"role": "tool", "content": "42"}], "<|im_end|>")
     for k, first in enumerate(firsts):
         ids, mask = eps.completion_ids[k], eps.policy_mask[k]
@@ -180,6 +188,7 @@ def test_grpo_trains_on_episodes_with_environment_tokens_out_of_the_loss(tmp_pat
     metrics = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     step = [m for m in metrics if m.get("step", 0) >= 1]
     assert all(1 <= m["episode/turns"] <= 2 and 0 < m["episode/policy_token_frac"] <= 1 for m in step)
+    assert all(0 <= m["time/env_longest_s"] <= m["time/env_s"] < m["time/generate_s"] for m in step)
     assert all(m["reward/env_reward"] >= 0.5 for m in step)
     assert 1 <= metrics[-1]["eval/episode/turns"] <= 2 and 0 < metrics[-1]["eval/episode/policy_token_frac"] <= 1
     w = load_file(str(tmp_path / "run/checkpoints/step_000002/trainable.safetensors"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlft.data.chat import problem_ids
-from rlft.episodes.run import Episodes, run_episodes
+from rlft.episodes.run import Episodes, Progress, run_episodes
 from rlft.rewards.registry import Sample
 from rlft.samplers import Generations, Sampler, SamplingParams
 
@@ -17,14 +17,15 @@ if TYPE_CHECKING:
 
 
 def sample_problems(sampler: Sampler, tokenizer: Any, problems: list[Problem], data_cfg: DataConfig,
-                    params: SamplingParams, episodes: EpisodeSetup | None = None
+                    params: SamplingParams, episodes: EpisodeSetup | None = None, progress: Progress | None = None
                     ) -> tuple[list[list[int]], Generations, list[Sample]]:
     """``params.n`` completions (or episodes) per problem: the prompts' ids, the generations, and one
     Sample per completion for the reward functions.
 
     An episode's Sample: ``completion`` is the policy's last reply, ``num_tokens`` the tokens the policy
     wrote, and the reward functions also get ``transcript`` (the messages after the prompt) and
-    ``env_reward`` (the sum of the environment's step rewards, or None).
+    ``env_reward`` (the sum of the environment's step rewards, or None). ``progress`` is told the episode
+    counts as they change.
     """
     prompts = [episodes.prompt_ids(tokenizer, p, data_cfg) if episodes else problem_ids(tokenizer, p, data_cfg)
                for p in problems]
@@ -35,7 +36,7 @@ def sample_problems(sampler: Sampler, tokenizer: Any, problems: list[Problem], d
             Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut, problems[i].columns, problems[i].messages)
             for i, text, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)]
     eps = run_episodes(sampler, tokenizer, prompts, params, lambda i: episodes.make(problems[i]), episodes.limits,
-                       episodes.name)
+                       episodes.name, progress)
     return prompts, eps, [_episode_sample(problems[i], eps, k) for k, i in enumerate(eps.prompt_index)]
 
 
