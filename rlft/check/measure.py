@@ -42,8 +42,9 @@ if TYPE_CHECKING:
     from rlft.config.schemas import Config
 
 
-def check(cfg: Config, prompts: int = 8) -> Report:
-    """Check the run ``cfg`` describes on its first ``prompts`` prompts (``sampler.n`` samples each).
+def check(cfg: Config, prompts: int = 8, components: Components | None = None) -> Report:
+    """Check the run ``cfg`` describes on its first ``prompts`` prompts (``sampler.n`` samples each), with
+    ``components`` built from ``cfg`` (None: built here, and the setup timed).
 
     Raises:
         RlftError: what ``rlft train`` would stop on (a config, data or model problem, a reward function
@@ -53,7 +54,7 @@ def check(cfg: Config, prompts: int = 8) -> Report:
     steps, num_prompts = cfg.trainer.steps, cfg.trainer.num_prompts
     if cfg.trainer.strategy == "fsdp2":  # the check is one process: nothing to shard over
         cfg.trainer.strategy = "ddp"
-    c = build_components(cfg)
+    c = components or build_components(cfg)
     setup_s = time.perf_counter() - t0
     sync = {"start-up": _sync_check(c, "at start-up")}
     problems = c.task.batch(0, prompts)
