@@ -88,7 +88,7 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
         run=_run(cfg, num_prompts, len(problems), steps),
         signal=_signal(cfg, scored.per_name | per_name, scored.totals, groups, signal_rows, scored.counts, update),
         lengths=_lengths(c, cfg, prompt_ids, samples, gens),
-        rendering=_rendering(c, cfg, problems[0], prompt_ids[0]),
+        rendering=_rendering(c, cfg, problems[0], prompt_ids[0], samples[0].completion if samples else ""),
         cost=_cost(c, cfg, sync, {"setup": setup_s, "sampling": t2 - t1, "scoring": t3 - t2,
                                   "update": t5 - t4, "logprobs": prepared.get("time/logprob_s", 0.0), "sync": sync_s},
                    num_prompts, len(problems), steps, groups, scored.totals),
@@ -203,14 +203,15 @@ def _stops(c: Components) -> list[int]:
     return stop_token_ids(c.policy.model.generation_config, c.policy.tokenizer)
 
 
-def _rendering(c: Components, cfg: Config, problem: Any, first: list[int]) -> dict[str, Any]:
-    """The first prompt as the policy reads it, the stop tokens, whether the template opens the reply's turn,
-    and (episodes) what follows a reply before the next turn."""
+def _rendering(c: Components, cfg: Config, problem: Any, first: list[int], reply: str) -> dict[str, Any]:
+    """The first prompt as the policy reads it, its first reply as the reward reads it, the stop tokens, whether
+    the template opens the reply's turn, and (episodes) what follows a reply before the next turn."""
     tok = c.policy.tokenizer
     chat = templated(tok, cfg.data.chat_template)
     out: dict[str, Any] = {"first_prompt": tok.decode(first, skip_special_tokens=False), "chat_template": chat,
                            "system_prompt": cfg.data.system_prompt,
-                           "stop_tokens": [tok.decode([i]) for i in _stops(c)], "generation_prompt": None}
+                           "first_reply": reply, "stop_tokens": [tok.decode([i]) for i in _stops(c)],
+                           "generation_prompt": None}
     if chat:
         messages = chat_messages(problem.model_input, cfg.data.system_prompt)
         try:
@@ -234,7 +235,8 @@ def _cost(c: Components, cfg: Config, sync: dict[str, Any], seconds: dict[str, f
           prompts: int, steps: int, groups: list[int], totals: list[float]) -> dict[str, Any]:
     """The measured seconds, and a step's projected from them: sampling, scoring and the update scale with the
     number of groups (trainer.num_prompts over the prompts checked); under dynamic sampling, a step draws
-    rounds until enough groups differ (1 / the informative share, at most algo.max_sampling_rounds)."""
+    rounds until enough groups differ (1 / the informative share, at most algo.max_sampling_rounds), and with
+    none informative it skips its update."""
     scale = num_prompts / max(prompts, 1)
     informative = equal_groups(totals, groups)
     kept = share(informative["of"] - informative["count"], informative["of"])
@@ -242,12 +244,13 @@ def _cost(c: Components, cfg: Config, sync: dict[str, Any], seconds: dict[str, f
     if cfg.algo.dynamic_sampling:
         rounds = cfg.algo.max_sampling_rounds if kept == 0 else min(cfg.algo.max_sampling_rounds, math.ceil(1 / kept))
     check_s = sum(s.get("seconds", 0.0) for s in sync.values()) / max(len(sync), 1)
+    skipped = cfg.algo.dynamic_sampling and kept == 0  # no group kept: the step skips its update and sync
     step = {"sampling": seconds["sampling"] * scale * rounds, "scoring": seconds["scoring"] * scale * rounds,
-            "update": seconds["update"] * scale, "sync": seconds["sync"] + check_s}
+            "update": 0.0 if skipped else seconds["update"] * scale, "sync": 0.0 if skipped else seconds["sync"] + check_s}
     step_s = sum(step.values())
     total = steps * step_s
     budget = cfg.trainer.max_minutes * 60
     return {"dtype": c.precision.dtype, "dtype_reason": c.precision.reason, "device": str(c.device),
-            "sync_check": sync, "seconds": seconds, "rounds": rounds, "step": step, "step_s": step_s,
+            "sync_check": sync, "seconds": seconds, "rounds": rounds, "skips_update": skipped, "step": step, "step_s": step_s,
             "steps": steps, "projected_s": min(total, budget) if budget > 0 else total,
             "budget_s": budget if budget > 0 else None}

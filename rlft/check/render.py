@@ -93,6 +93,9 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
     if rd["generation_prompt"] is False:
         how += ", NO assistant header (add_generation_prompt renders nothing)"
     out.append(("rendering", f"first prompt ({how})", repr(shown)))
+    reply = rd.get("first_reply", "")
+    out.append(("rendering", "its first reply (as the reward reads it)",
+                repr(reply if len(reply) <= FIRST_PROMPT_CHARS else reply[:FIRST_PROMPT_CHARS] + " ...")))
     out.append(("rendering", "stop tokens", ", ".join(repr(t) for t in rd["stop_tokens"])))
     if "turn_suffix" in rd:
         out.append(("rendering", "after a reply, before the next turn", repr(rd["turn_suffix"])))
@@ -114,7 +117,7 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
     rounds = f" x {c['rounds']} sampling rounds" if c["rounds"] > 1 else ""
     out.append(("cost", "a step, projected", f"{_seconds(c['step_s'])} for {run['num_prompts']} prompts{rounds}: "
                 f"sampling {st['sampling']:.1f} s, scoring {st['scoring']:.1f} s, update {st['update']:.1f} s, "
-                f"sync {st['sync']:.1f} s"))
+                f"sync {st['sync']:.1f} s" + (" (no group differs: the update is skipped)" if c.get("skips_update") else "")))
     budget = f" (trainer.max_minutes caps it at {_seconds(c['budget_s'])})" if c["budget_s"] else ""
     out.append(("cost", f"trainer.steps={c['steps']}, projected", _seconds(c["projected_s"]) + budget
                 + " (evaluations not included)"))
