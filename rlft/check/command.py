@@ -3,8 +3,8 @@ config, groups, overrides, ``--cfg``, one-line errors), whose job is :func:`rlft
 
 Where its output goes: the table to the console, the report to ``--json FILE`` when given. Nothing else stays:
 Hydra's run directory (the job's log of other libraries' output, job.json) is a temporary directory removed
-at the end, unless ``hydra.run.dir=DIR`` (or ``hydra.sweep.dir`` under ``-m``) is given, which keeps them there.
-No checkpoint is written in either case.
+at the end, unless ``hydra.run.dir=DIR`` is given, which keeps them there. Under ``-m`` the sweep directory is
+Hydra's, as for ``rlft train -m`` (each job's log and job.json, the sweep summary). No checkpoint is written.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ dtype and the projected time of trainer.steps, and verdicts with a next step.
 
 Exit codes: 0 nothing blocks learning (warnings may be shown), 1 a verdict says the run cannot learn
 (or a reward function or environment failed, as in rlft train), 2 a config, data or model error.
-Nothing is written but --json: Hydra's run directory is temporary unless hydra.run.dir=DIR is given.
+Nothing is written but --json: Hydra's run directory is temporary unless hydra.run.dir=DIR is given
+(under -m the sweep directory is Hydra's, as for rlft train -m, with the jobs' summary).
 Details: docs/usage.md, "Before a long run".
 """
 
@@ -116,9 +117,12 @@ def main(args: list[str]) -> int:
     Options.blocked = 0
     scratch = None
     keys = {a.split("=", 1)[0].lstrip("+") for a in args if "=" in a}
-    if not ({"hydra.run.dir", "hydra.sweep.dir"} & keys):
+    multirun = bool({"-m", "--multirun"} & set(args))
+    # A sweep keeps Hydra's sweep directory, as rlft train -m: its summary (from each job's .hydra and job.json)
+    # counts the failed jobs.
+    if not multirun and "hydra.run.dir" not in keys:
         scratch = tempfile.mkdtemp(prefix="rlft-check-")
-        args = [*args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null"]
+        args = [*args, f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
     try:
         code = run_app(args, CHECK_APP)
     finally:
