@@ -6,12 +6,14 @@ episodes and tools, the optimizer), :func:`rlft.episodes.sample.sample_problems`
 and :func:`rlft.learner.update_policy` (one update, timed), :func:`rlft.samplers.sync_sampler` and the sync
 check (:func:`rlft.sync_check.verify`). Nothing is written: no run directory, no checkpoint. The update runs
 on the components the check built, after a host copy of their training state (rlft.failure.capture: the
-trainable weights, the optimizer's moments, the scheduler, the random states), which is put back afterwards;
+trainable weights, the optimizer's moments, the scheduler, the random states), which is put back afterwards
+(a warm-up update on one group runs and is undone first, so that the timed one is a steady step's);
 so ``check`` leaves the policy as it found it, and the sampler holding the updated weights (it is discarded).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -60,9 +62,15 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
     problems = c.task.batch(0, prompts)
     tok = c.policy.tokenizer
     c.policy.model.eval()
+    params = sampling_params(cfg, 0, range(len(problems)))
+    tw = time.perf_counter()
+    # A first call pays for warming up (measured on SmolLM2 under vLLM: 16 s, then 5 s): one short completion first.
+    sample_problems(c.sampler, tok, problems[:1], cfg.data, dataclasses.replace(
+        params, n=1, max_new_tokens=min(params.max_new_tokens, 16),
+        prompt_seeds=params.prompt_seeds[:1] if params.prompt_seeds else None), c.episodes)
+    warm_sampling = time.perf_counter() - tw
     t1 = time.perf_counter()
-    prompt_ids, gens, samples = sample_problems(c.sampler, tok, problems, cfg.data,
-                                                sampling_params(cfg, 0, range(len(problems))), c.episodes)
+    prompt_ids, gens, samples = sample_problems(c.sampler, tok, problems, cfg.data, params, c.episodes)
     t2 = time.perf_counter()
     scored = score_all(c.scorers, samples, c.gold)
     t3 = time.perf_counter()
@@ -70,6 +78,7 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
     raw = torch.tensor(scored.totals, dtype=torch.float32)
     scores, per_name = _shaped(c, cfg, raw, [s.num_tokens for s in samples], scored.per_name)
     batch = _batch(c, cfg, prompt_ids, gens, scores)
+    warm_update = _warm_up(c, cfg, batch, snap)
     t4 = time.perf_counter()
     prepared = prepare_batch(c, batch, cfg)
     c.policy.model.train()
@@ -90,11 +99,26 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
         lengths=_lengths(c, cfg, prompt_ids, samples, gens),
         rendering=_rendering(c, cfg, problems[0], prompt_ids[0], samples[0].completion if samples else ""),
         cost=_cost(c, cfg, sync, {"setup": setup_s, "sampling": t2 - t1, "scoring": t3 - t2,
-                                  "update": t5 - t4, "logprobs": prepared.get("time/logprob_s", 0.0), "sync": sync_s},
+                                  "update": t5 - t4, "logprobs": prepared.get("time/logprob_s", 0.0), "sync": sync_s,
+                                  "warm_up": warm_sampling + warm_update},
                    num_prompts, len(problems), steps, groups, scored.totals),
     )
     report.verdicts = verdicts(report)
     return report
+
+
+def _warm_up(c: Components, cfg: Config, batch: RolloutBatch, snap: failure.Snapshot) -> float:
+    """One update on the first group, undone: the first backward pass pays for setting up (measured on SmolLM2,
+    bf16: the first step's log-probs and update took 107 s, the second's 17 s); returns its seconds."""
+    t0 = time.perf_counter()
+    first = (batch.group_ids.cpu() == int(batch.group_ids[0])).nonzero().squeeze(-1)
+    part = batch.select(first)
+    prepare_batch(c, part, cfg)
+    c.policy.model.train()
+    update_policy(c, part, cfg)
+    failure.restore(c, snap)
+    c.policy.model.eval()
+    return time.perf_counter() - t0
 
 
 def _sync_check(c: Components, when: str) -> dict[str, Any]:

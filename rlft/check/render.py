@@ -110,7 +110,8 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
             text = f"FAILED: {sc.get('message', '')}"
         out.append(("cost", f"sync check {when}", text))
     sec = c["seconds"]
-    out.append(("cost", "measured", f"setup {_seconds(sec['setup'])}; on {run['prompts']} prompts: sampling "
+    out.append(("cost", "measured", f"setup {_seconds(sec['setup'])}, warm-up {sec.get('warm_up', 0):.1f} s; "
+                f"on {run['prompts']} prompts: sampling "
                 f"{sec['sampling']:.2f} s, scoring {sec['scoring']:.2f} s, update {sec['update']:.2f} s "
                 f"(log-probs {sec['logprobs']:.2f} s), sync {sec['sync']:.2f} s"))
     st = c["step"]
