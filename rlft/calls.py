@@ -173,6 +173,10 @@ class Pool:
         self._workers.close()
 
 
+Worker = _Worker
+"""One worker process (rlft.episodes.env_pool keeps environments in them)."""
+
+
 class _Workers:
     """``policy.num_workers`` (at least 1) workers for one function; a hung or dead one is replaced. With
     ``settle``, a failure neither stops the calls after it nor is raised: it is that call's result. With

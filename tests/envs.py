@@ -100,3 +100,56 @@ class ForgingEnv:
     def step(self, reply: str) -> Step:
         self.turn += 1
         return Step(done=True) if self.turn > 1 else Step(messages=[dict(m) for m in self.MESSAGES])
+
+
+class SlowEnv:
+    """Each step waits half a second (a simulated user, a judge behind an API), then answers with its process id
+    and how many steps its own state has counted; never done."""
+
+    def __init__(self, problem):
+        self.steps = 0
+
+    def step(self, reply: str) -> Step:
+        import os
+
+        time.sleep(0.5)
+        self.steps += 1
+        return Step(messages=[{"role": "user", "content": f"pid {os.getpid()} step {self.steps}"}])
+
+
+class StuckInCEnv:
+    """Its step blocks inside one C call (a builtin sum over a huge range holds off signal handlers): a SIGALRM in
+    the trainer could not stop it before it returns."""
+
+    def __init__(self, problem):
+        pass
+
+    def step(self, reply: str) -> Step:
+        sum(range(10**13))
+        return Step(done=True)
+
+
+class HardExitEnv:
+    """Ends its process with os._exit(7) at its first step."""
+
+    def __init__(self, problem):
+        pass
+
+    def step(self, reply: str) -> Step:
+        import os
+
+        os._exit(7)
+
+
+class SelfKillingEnv:
+    """Kills its own process with SIGKILL at its first step."""
+
+    def __init__(self, problem):
+        pass
+
+    def step(self, reply: str) -> Step:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+        return Step(done=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from rlft.config.schemas import EpisodeConfig
 from rlft.episodes.tool_env import ToolEnv
 from rlft.tools.run import ToolRunner
@@ -106,3 +108,76 @@ def test_the_progress_line_shows_the_episodes(tmp_path):
         assert "episodes" not in shown.getvalue() and "1/10" in shown.getvalue()
     finally:
         tracker.close()
+
+
+# ---------------------------------------------------------------------------------- episode.env in workers
+
+
+def test_environments_step_at_once_in_workers_that_keep_their_state():
+    import gc
+
+    from rlft.episodes.env_pool import EnvPool
+    from tests import envs
+
+    pool = EnvPool(envs.SlowEnv, "episode.env=x", 32, 5.0)
+    try:
+        held = [pool.make(None) for _ in range(32)]
+        for turn in (1, 2):
+            start = time.monotonic()
+            out = pool.step(held, ["a reply"] * 32)
+            assert time.monotonic() - start < 4.0  # one after another: 16 s
+            texts = [s.messages[0]["content"] for s, _ in out]
+            assert all(t.endswith(f"step {turn}") for t in texts)  # each environment's own count, kept
+            assert all(0.45 < seconds < 4.0 for _, seconds in out)
+        pids = {t.split()[1] for t in texts}
+        assert len(pids) == 32 and str(os.getpid()) not in pids and len(pool.workers) == 32
+        # finished episodes' environments are dropped from their workers; new ones go to the emptiest worker
+        del held, out
+        gc.collect()
+        assert pool.live == [0] * 32 and all(pool.drops)
+        again = [pool.make(None) for _ in range(3)]
+        assert len({e.slot for e in again}) == 3 and len(pool.workers) == 32
+        assert [s.messages[0]["content"].endswith("step 1") for s, _ in pool.step(again, ["r"] * 3)] == [True] * 3
+        assert not any(pool.drops[e.slot] for e in again)  # sent with those calls
+    finally:
+        pool.close()
+
+
+def test_more_live_episodes_than_workers_share_them():
+    from rlft.episodes.env_pool import EnvPool
+    from tests import envs
+
+    pool = EnvPool(envs.SlowEnv, "episode.env=x", 4, 5.0)
+    try:
+        held = [pool.make(None) for _ in range(8)]
+        start = time.monotonic()
+        out = pool.step(held, ["r"] * 8)
+        assert 0.9 < time.monotonic() - start < 3.5  # two environments a worker: two steps of 0.5 s
+        assert len(pool.workers) == 4 and len({s.messages[0]["content"].split()[1] for s, _ in out}) == 4
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize(("env", "words"), [
+    ("StuckInCEnv", r"^episode.env=x: step\(\) on the reply 'r' ran past episode.env_timeout_s=1s \(its worker process "
+                    r"was killed\)$"),
+    ("HardExitEnv", r"^episode.env=x: step\(\) on the reply 'r' ended its worker process \(exited with code 7\)$"),
+    ("SelfKillingEnv", r"^episode.env=x: step\(\) on the reply 'r' ended its worker process \(killed by SIGKILL\)$"),
+    ("UnbuildableEnv", r"^episode.env=x: building it raised RuntimeError: built$"),
+    ("JunkEnv", r"^episode.env=x: step\(\) returned dict, not rlft.episodes.env.Step$"),
+])
+def test_an_environment_that_hangs_in_c_or_ends_its_process_is_one_error(env, words):
+    from rlft.episodes.env_pool import EnvPool
+    from rlft.errors import EnvError
+    from tests import envs
+
+    pool = EnvPool(getattr(envs, env), "episode.env=x", 4, 1.0)
+    healthy = EnvPool(envs.SlowEnv, "episode.env=y", 1, 5.0)
+    start = time.monotonic()
+    with pytest.raises(EnvError, match=words):
+        pool.step([pool.make(None) for _ in range(3)], ["r"] * 3)
+    assert time.monotonic() - start < 10
+    assert pool.workers == []  # stopped: the run ends
+    # the trainer (this process) lives on, and another pool still works
+    assert healthy.step([healthy.make(None)], ["r"])[0][0].messages[0]["content"].endswith("step 1")
+    healthy.close()

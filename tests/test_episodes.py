@@ -3,6 +3,7 @@ sampler (the tiny model, hf), masks, limits, environment errors, and whole train
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -163,6 +164,27 @@ def test_an_environment_that_fails_is_one_error(tiny, env, words):
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+def test_worker_environments_of_all_episodes_step_at_once_and_keep_their_state(tiny):
+    from rlft.episodes.env_pool import EnvPool
+
+    sampler, tok = tiny
+    pool = EnvPool(envs.SlowEnv, "episode.env=x", 32, 10.0)
+    try:
+        eps = run_episodes(sampler, tok, [_prompt(tok), _prompt(tok, "What is 4 + 4?")],
+                           dataclasses.replace(_params(n=8, max_new_tokens=6), prompt_seeds=(11000, 12000)),
+                           lambda i: pool.make(None), Limits(3, 200), "episode.env=x")
+    finally:
+        pool.close()
+    steps = sum(t - (1 if cut else 0) for t, cut in zip(eps.turns, _cut_last(eps, tok)))
+    assert steps >= 16 and max(eps.turns) == 3
+    # one after another: steps x 0.5 s (at least 8 s); all at once: about one step a turn
+    assert eps.env_s < 4.0 and eps.env_s < steps * 0.5 / 3, (eps.env_s, steps)
+    assert max(eps.env_seconds) >= 0.45 * (max(eps.turns) - 1)
+    for transcript in eps.transcripts:  # each episode's environment counted its own steps, in one worker
+        said = [m["content"].split() for m in transcript if m["role"] == "user"]
+        assert [int(w[3]) for w in said] == list(range(1, len(said) + 1)) and len({w[1] for w in said}) <= 1
+
+
 def test_step_defaults():
     s = Step()
     assert s.messages == [] and not s.done and s.reward is None and s.events == {}
@@ -217,6 +239,11 @@ def test_environment_errors_end_the_run_in_one_line(tmp_path, eos_model):
     assert "raised KeyError: 'no such room'" in one_error_line(proc, 1)
     proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:Nope", "hydra.run.dir=run2"], tmp_path)
     assert "has no attribute 'Nope'" in one_error_line(proc, 2)
+    # os._exit in an environment ended the run with the environment's exit code and no error line; now its worker
+    proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:HardExitEnv", "hydra.run.dir=run3"],
+                   tmp_path)
+    assert "episode.env=tests.envs:HardExitEnv: step() on the reply" in one_error_line(proc, 1)
+    assert "ended its worker process (exited with code 7)" in one_error_line(proc, 1)
 
 
 # ---------------------------------------------------------------------------------------

@@ -638,12 +638,14 @@ class EpisodeConfig:
     sampler.max_new_tokens, and episode.max_turns bound the episode)."""
     env_timeout_s: float = knob(60.0, (HARMLESS, "a limit that, when it acts, ends the run"), range="[0, inf)")
     """Wall-clock limit of one call into episode.env (building an environment, or one step); past it the
-    run ends with one line naming the environment (0: no limit). Enforced with SIGALRM in the main
-    thread: a call blocked inside C code is stopped when it returns to Python."""
+    run ends with one line naming the environment (0: no limit). The environments run in worker processes
+    (episode.env_workers): a call blocked inside C code is stopped too (its worker is killed)."""
     env_workers: int = knob(32, (HARMLESS, "how many environment calls run at once; the episodes are unchanged"),
                             range="[1, inf)")
-    """Worker processes that run the user tools' calls of the episodes waiting on them, all at once: sized for calls that wait (an API, a test suite), not for cores. Kept for the whole run and
-    replaced when one dies or hangs. The built-in python tool runs at most one program per CPU core."""
+    """Worker processes that run the user tools' calls (and hold the episode.env environments) of the episodes
+    waiting on them, all at once: sized for calls that wait (an API, a test suite), not for cores. Kept for the
+    whole run; a tool's worker that dies or hangs is replaced. The built-in python tool runs at most one program
+    per CPU core."""
     tool_timeout_s: float = knob(10.0, EPISODES, range="(0, inf)")
     """Wall-clock limit of one tool call; past it the call is stopped and the policy reads an error
     message instead of a result."""

@@ -12,6 +12,7 @@ from rlft.config.validation import resolve_sampler_name
 from rlft.data.chat import problem_ids
 from rlft.data.safe_tokens import chat_ids
 from rlft.episodes.env import load_env
+from rlft.episodes.env_pool import EnvPool
 from rlft.episodes.run import Limits
 from rlft.episodes.tokens import check_turns
 from rlft.episodes.tool_env import ToolEnv, result_messages
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EpisodeSetup:
     env_class: Any
-    """Called with a problem, it gives that episode's environment."""
+    """Called with a problem, it gives that episode's environment (episode.env: a WorkerEnv of the run's pool)."""
     name: str
     """How errors name the environment (``episode.env=...``)."""
     limits: Limits
@@ -121,7 +122,11 @@ def episode_setup(cfg: Config) -> EpisodeSetup | None:
     limits = Limits(e.max_turns, e.max_tokens or 2**62,
                     cfg.sampler.vllm.max_model_len if resolve_sampler_name(cfg.sampler.name) == "vllm" else None)
     if e.env:
-        return EpisodeSetup(load_env(e.env), f"episode.env={e.env}", dataclasses.replace(limits, env_timeout_s=e.env_timeout_s))
+        # Each episode's environment lives in a worker process (rlft.episodes.env_pool), bounded there by env_timeout_s.
+        name = f"episode.env={e.env}"
+        pool = EnvPool(load_env(e.env), name, e.env_workers, e.env_timeout_s)
+        atexit.register(pool.close)
+        return EpisodeSetup(pool.make, name, dataclasses.replace(limits, env_timeout_s=e.env_timeout_s))
     # The tools bound their own calls (episode.tool_timeout_s each), so their environment has no limit.
     tools = load_tools(cfg.tools, e)
     runner = ToolRunner(tools, e)

@@ -1,0 +1,185 @@
+"""The environments of ``episode.env`` in worker processes: a call that hangs (in C code too) is stopped at
+``episode.env_timeout_s``, one that ends its process (``os._exit``, a signal, the OOM killer) is seen at once,
+and the trainer waits on all the episodes' environments together, never on one.
+
+Each environment lives in one worker for its whole episode (its state stays there: nothing is pickled but the
+problem once, each reply and each Step). A worker holds several environments when there are more live
+episodes than ``episode.env_workers``; the steps of one worker's environments run one after another, those of
+different workers at once. Workers are forked when first needed (at most ``env_workers``) and kept for the run;
+an environment is placed on the worker holding the fewest live ones. A finished episode's environment is
+dropped from its worker with the next call sent there.
+
+What fails (the environment raises, ``sys.exit`` included; returns something else than a Step; runs past the
+limit; ends its worker) ends the run with one EnvError, as an environment that raises in the trainer did: an
+environment's failure is a bug in the user's code, not a move of the policy, and scoring it as configured would
+train on a reward that the bug, not the policy, decided. The pool is then stopped; a later call starts afresh.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import wait
+from typing import Any
+
+from rlft.calls import Worker as _Worker
+from rlft.episodes.env import Step
+from rlft.errors import Described, EnvError, how_it_ended
+
+_HELD: dict[int, Any] = {}
+"""In a worker: its environments by id."""
+
+
+def _env_call(env_class: Any, op: str, eid: int, arg: Any, drops: list[int]) -> Any:
+    """In a worker: drop the finished environments, then build environment ``eid`` from problem ``arg``
+    (``op`` build) or step it with reply ``arg`` (``op`` step)."""
+    for d in drops:
+        _HELD.pop(d, None)
+    if op == "build":
+        _HELD[eid] = env_class(arg)
+        return None
+    return _HELD[eid].step(arg)
+
+
+class WorkerEnv:
+    """One episode's environment, held by a worker of ``pool`` (built there at its first step)."""
+
+    def __init__(self, pool: EnvPool, eid: int, slot: int, problem: Any):
+        self.pool, self.eid, self.slot, self.problem, self.built = pool, eid, slot, problem, False
+
+    def step(self, reply: str) -> Step:
+        return self.step_batch([self], [reply])[0][0]
+
+    @staticmethod
+    def step_batch(envs: Sequence[WorkerEnv], replies: Sequence[str]) -> list[tuple[Step, float]]:
+        """Each environment's Step for its reply and the seconds it took in its worker, all at once."""
+        out: list[tuple[Step, float] | None] = [None] * len(envs)
+        for pool in {id(e.pool): e.pool for e in envs}.values():
+            mine = [i for i, e in enumerate(envs) if e.pool is pool]
+            for i, answer in zip(mine, pool.step([envs[i] for i in mine], [replies[i] for i in mine])):
+                out[i] = answer
+        return out  # type: ignore[return-value]
+
+
+class EnvPool:
+    """Up to ``num_workers`` worker processes holding ``env_class`` environments (see the module docstring);
+    ``timeout_s`` bounds each build and step (0: no limit); ``name`` names the environment in errors."""
+
+    def __init__(self, env_class: Any, name: str, num_workers: int, timeout_s: float):
+        self.env_class, self.name, self.num_workers, self.timeout_s = env_class, name, max(1, num_workers), timeout_s
+        self.ctx = multiprocessing.get_context("fork")  # workers inherit the imported environment module
+        self.workers: list[_Worker] = []
+        self.live: list[int] = []
+        """Per worker, the environments it holds that an episode still uses."""
+        self.drops: list[list[int]] = []
+        """Per worker, finished environments to drop with its next call."""
+        self._next = 0
+
+    def make(self, problem: Any) -> WorkerEnv:
+        """An environment for ``problem`` (built in its worker at the first step)."""
+        if len(self.workers) < self.num_workers and all(self.live):
+            self.workers.append(_Worker(self.ctx, functools.partial(_env_call, self.env_class)))
+            self.live.append(0)
+            self.drops.append([])
+        slot = min(range(len(self.workers)), key=self.live.__getitem__)
+        self._next += 1
+        env = WorkerEnv(self, self._next, slot, problem)
+        self.live[slot] += 1
+        weakref.finalize(env, self._finished, self.workers[slot], slot, env.eid)
+        return env
+
+    def step(self, envs: Sequence[WorkerEnv], replies: Sequence[str]) -> list[tuple[Step, float]]:
+        """Build the environments not built yet, then step each with its reply; all workers at once.
+
+        Raises:
+            EnvError: one of them failed (the pool is stopped).
+        """
+        fresh = [e for e in envs if not e.built]
+        if fresh:
+            self._run([(e, "build", e.problem, "building it") for e in fresh])
+            for e in fresh:
+                e.built, e.problem = True, None
+        results = self._run([(e, "step", r, f"step() on the reply {r[:60]!r}") for e, r in zip(envs, replies)])
+        for value, _ in results:
+            if not isinstance(value, Step):
+                self.close()
+                raise EnvError(f"{self.name}: step() returned {type(value).__name__}, not rlft.episodes.env.Step")
+        return results
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers]
+
+    def close(self) -> None:
+        """Stop the workers (their environments are lost)."""
+        for w in self.workers:
+            w.stop()
+        self.workers, self.live, self.drops = [], [], []
+
+    def _finished(self, worker: _Worker, slot: int, eid: int) -> None:
+        """An episode's environment proxy is gone: its worker drops it with its next call."""
+        if slot < len(self.workers) and self.workers[slot] is worker:
+            self.live[slot] -= 1
+            self.drops[slot].append(eid)
+
+    def _run(self, jobs: list[tuple[WorkerEnv, str, Any, str]]) -> list[tuple[Any, float]]:
+        """Each job's result and seconds in its worker: one call at a time per worker, the workers at once."""
+        queues: dict[int, deque[int]] = {}
+        for k, (env, *_) in enumerate(jobs):
+            queues.setdefault(env.slot, deque()).append(k)
+        results: dict[int, tuple[Any, float]] = {}
+        busy: dict[int, int] = {}  # slot -> job
+        try:
+            while queues or busy:
+                for slot in [s for s in queues if s not in busy]:
+                    k = queues[slot].popleft()
+                    if not queues[slot]:
+                        del queues[slot]
+                    env, op, arg, _ = jobs[k]
+                    drops, self.drops[slot] = self.drops[slot], []
+                    try:
+                        self.workers[slot].start(k, ((op, env.eid, arg, drops), {}), self.timeout_s)
+                    except OSError:  # it died between two calls
+                        raise self._lost(jobs[k], self.workers[slot], True) from None
+                    busy[slot] = k
+                self._collect(jobs, busy, results)
+        except BaseException:
+            self.close()
+            raise
+        return [results[k] for k in range(len(jobs))]
+
+    def _collect(self, jobs: list[tuple[WorkerEnv, str, Any, str]], busy: dict[int, int],
+                 results: dict[int, tuple[Any, float]]) -> None:
+        """Wait for a busy worker to answer, die or pass its deadline."""
+        workers = {slot: self.workers[slot] for slot in busy}
+        deadline = min(w.deadline for w in workers.values())
+        timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+        ready = set(wait([w.conn for w in workers.values()] + [w.process.sentinel for w in workers.values()], timeout))
+        for slot, w in workers.items():
+            k = busy[slot]
+            if w.conn in ready:
+                reply = w.receive()
+                if reply is None:
+                    raise self._lost(jobs[k], w, True)
+                ok, value = reply
+                if not ok:
+                    error = value.rebuilt() if isinstance(value, Described) else value
+                    raise EnvError(f"{self.name}: {jobs[k][3]} raised {type(error).__name__}: {error}")
+                results[k] = (value, time.monotonic() - w.started)
+                del busy[slot]
+            elif w.process.sentinel in ready or time.monotonic() >= w.deadline:
+                raise self._lost(jobs[k], w, w.process.sentinel in ready)
+
+    def _lost(self, job: tuple[WorkerEnv, str, Any, str], worker: _Worker, died: bool) -> EnvError:
+        what = job[3]
+        if died:  # its pipe closed or its sentinel fired: give its exit a moment (a loaded machine), so its code shows
+            worker.process.join(5.0)
+            worker.stop(died=True)
+            return EnvError(f"{self.name}: {what} ended its worker process ({how_it_ended(worker.process.exitcode)})")
+        return EnvError(f"{self.name}: {what} ran past episode.env_timeout_s={self.timeout_s:g}s (its worker process "
+                        "was killed)")
+
