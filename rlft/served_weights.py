@@ -7,15 +7,18 @@ back what it serves (rlft/samplers/readback.py) and each element must equal what
 it serve:
 
 - merged weights (``sync=merged``, the hf sampler, full fine-tuning): eight input columns of every synced
-  linear weight, ``base + (B @ A) * scaling`` computed by the learner in fp32; a served element must lie
-  within half a step of the sampler's dtype (+16 fp32 steps: the learner sums ``B @ A`` over a slice) of
-  that value, i.e. be its rounding;
+  linear weight, ``base + (B @ A) * scaling`` computed by the learner in fp32; a served element must be
+  that value rounded to the coarser of the sampler's dtype and the learner's base dtype (within half a
+  step of it, +16 fp32 steps: the learner sums ``B @ A`` over a slice). The coarser one, because an fp32
+  engine starts from the model's fp32 files while a bf16 learner holds the same base rounded to bf16;
 - an adapter (``sync=adapter``): every element of A and of B * scaling, cast to the engine's dtype as
   vLLM casts them, exactly.
 
-One update at lr 2e-4 moves ~20% of a layer's bf16 elements by a rounding step (measured in
-tests/test_sync_check.py), so a sync that delivers nothing, a part, or an earlier step's weights differs in
-hundreds of read elements at the first check after it.
+Compared: the LoRA layers on linear modules (under full fine-tuning every linear layer but the LM head).
+LoRA on embeddings and GPT-2-style Conv1D layers (``fan_in_fan_out``), biases, norms and the LM head are
+left to the probe. One update at lr 2e-4 moves 20-65% of a layer's bf16 elements by a rounding step
+(tests/test_sync_check.py), so a sync that delivers nothing, a part, or an earlier step's weights differs
+in hundreds of read elements at the first check after it.
 """
 
 from __future__ import annotations
@@ -27,50 +30,64 @@ from torch import Tensor
 
 from rlft.models.policy import base_name
 from rlft.samplers.readback import columns
+from rlft.sharding import full, full_columns
 
 if TYPE_CHECKING:
     from rlft.models import Policy
 
 MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
+FP32_MIN_EXPONENT = -125  # frexp's exponent of the smallest normal fp32 value
 
 
 def synced_modules(policy: Policy) -> dict[str, Any]:
-    """The modules a sync is responsible for, by base-model name: the LoRA layers under LoRA, else every
-    linear layer but the LM head (embeddings and norms are left to the probe)."""
+    """The modules whose served weights are compared, by base-model name: the LoRA layers on linear
+    modules under LoRA, else every linear layer but the LM head."""
     if policy.lora:
         from peft.tuners.lora import LoraLayer  # peft imports transformers (seconds): only with a model
 
-        return {base_name(n): m for n, m in policy.model.named_modules() if isinstance(m, LoraLayer)}
+        return {base_name(n): m for n, m in policy.model.named_modules()
+                if isinstance(m, LoraLayer) and isinstance(m.get_base_layer(), torch.nn.Linear)
+                and "default" in m.lora_A and not getattr(m, "fan_in_fan_out", False)}
     return {n: m for n, m in policy.model.named_modules()
             if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")}
 
 
-def expected(policy: Policy, dtype: torch.dtype, adapter: bool) -> dict[str, tuple[Tensor, ...]]:
-    """What the sampler should serve, per synced module, in the form its read-back takes:
-    ``(columns,)`` as (N, 8) fp32, or under ``adapter`` ``(A, B * scaling)`` in ``dtype``."""
+def compare_dtype(policy: Policy, sampler_dtype: torch.dtype) -> torch.dtype:
+    """The coarser of the sampler's dtype and the dtype the learner holds the synced weights in."""
+    held = next((m.get_base_layer() if policy.lora else m for m in synced_modules(policy).values()), None)
+    dtypes = [sampler_dtype] + ([held.weight.dtype] if held is not None else [])
+    return min(dtypes, key=lambda d: MANTISSA_BITS.get(d, 23))
+
+
+def expected(policy: Policy, names: tuple[str, ...], dtype: torch.dtype,
+             adapter: bool) -> dict[str, tuple[Tensor, ...]]:
+    """What the sampler should serve of the named synced modules, in the form its read-back takes:
+    ``(columns,)`` as (N, 8) fp32, or under ``adapter`` ``(A, B * scaling)`` in ``dtype``. Under FSDP2
+    every rank calls this in the same order (it gathers)."""
+    modules = synced_modules(policy)
     out: dict[str, tuple[Tensor, ...]] = {}
     with torch.no_grad():
-        for name, module in synced_modules(policy).items():
+        for name in names:
+            module = modules[name]
             if adapter:
-                a, b = _full(module.lora_A["default"].weight), _full(module.lora_B["default"].weight)
+                a, b = full(module.lora_A["default"].weight), full(module.lora_B["default"].weight)
                 out[name] = (a.to(dtype).cpu(), (b.to(dtype) * module.scaling["default"]).cpu())
                 continue
             base = module.get_base_layer() if policy.lora else module
-            w = _full(base.weight)
-            cols = torch.tensor(columns(w.shape[1]), device=w.device)
-            value = w.index_select(1, cols).float()
+            cols = torch.tensor(columns(base.weight.shape[1]))
+            value = full_columns(base.weight, cols).float()
             if policy.lora:
-                a, b = _full(module.lora_A["default"].weight), _full(module.lora_B["default"].weight)
-                delta = b.float() @ a.index_select(1, cols).float()
-                value = value + (delta.t() if module.fan_in_fan_out else delta) * module.scaling["default"]
+                a = full_columns(module.lora_A["default"].weight, cols)
+                value = value + full(module.lora_B["default"].weight).float() @ a.float() * module.scaling["default"]
             out[name] = (value.cpu(),)
     return out
 
 
 def differing(want: dict[str, tuple[Tensor, ...]], served: dict[str, tuple[Tensor, ...]],
               dtype: torch.dtype) -> dict[str, tuple[int, int]]:
-    """Per module read back, (elements that differ, elements read); a module whose read-back has another
-    shape differs in all of them. Modules the sampler could not read are left out."""
+    """Per module read back, (elements that differ, elements read), merged weights compared in ``dtype``;
+    a module whose read-back has another shape differs in all of them. Modules the sampler could not
+    read are left out."""
     out = {}
     for name, mine in want.items():
         theirs = served.get(name)
@@ -87,7 +104,8 @@ def _rounding_mismatch(want: Tensor, served: Tensor, dtype: torch.dtype) -> tupl
     """Elements of ``served`` that are not ``want`` (fp32) rounded to ``dtype``."""
     if served.shape != want.shape:
         return want.numel(), want.numel()
-    _, exponent = torch.frexp(want)  # |want| = m * 2^exponent, m in [0.5, 1)
+    _, exponent = torch.frexp(want)  # |want| = m * 2^exponent, m in [0.5, 1); frexp(0) gives 0
+    exponent = torch.where(want == 0, FP32_MIN_EXPONENT, exponent)  # 0 rounds to 0 in any dtype
     step = torch.ldexp(torch.ones_like(want), exponent - 1 - MANTISSA_BITS.get(dtype, 23))
     fp32_step = torch.ldexp(torch.ones_like(want), exponent - 1 - 23)
     bad = (served.float() - want).abs() > 0.5 * step + 16 * fp32_step
@@ -100,9 +118,3 @@ def _exact_mismatch(want: Tensor, served: Tensor) -> tuple[int, int]:
     if served.shape[0] < r_rows or served.shape[1] < r_cols:
         return want.numel(), want.numel()
     return int((served[:r_rows, :r_cols].to(want.dtype) != want).sum()), want.numel()
-
-
-def _full(t: Tensor) -> Tensor:
-    """The whole tensor of an FSDP2 shard (every rank calls this in the same order), else ``t``."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-

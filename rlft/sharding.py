@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from rlft.distributed import DataParallel
 from rlft.errors import ConfigError
@@ -67,6 +67,18 @@ def lockstep_count(n: int, dp: DataParallel) -> int:
 def full(t: Tensor) -> Tensor:
     """The whole tensor: gathered from every rank when ``t`` is sharded (a collective), else ``t``."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_columns(t: Tensor, cols: Tensor) -> Tensor:
+    """``t[:, cols]`` whole. Under FSDP2 (rows sharded) each rank selects the columns of its own rows and
+    only those are gathered (a collective): N x len(cols) elements, not the whole weight."""
+    if not isinstance(t, DTensor):
+        return t.index_select(1, cols.to(t.device))
+    if tuple(t.placements) != (Shard(0),):
+        return t.full_tensor().index_select(1, cols.to(t.device))
+    local = t.to_local().index_select(1, cols.to(t.device))
+    return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
+                              shape=(t.shape[0], len(cols)), stride=(len(cols), 1)).full_tensor()
 
 
 def full_named(items: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:

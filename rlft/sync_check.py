@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,7 +32,7 @@ from rlft.data.chat import problem_ids
 from rlft.distributed import SINGLE, DataParallel
 from rlft.errors import SyncError
 from rlft.logprobs import token_logprobs
-from rlft.served_weights import differing, expected, synced_modules
+from rlft.served_weights import compare_dtype, differing, expected, synced_modules
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -78,6 +78,12 @@ class SyncCheck:
     """The sampler and its sync mode, e.g. 'sampler=vllm, sync=adapter'."""
     modules: tuple[str, ...] = ()
     """The synced modules whose served weights are read back and compared (rlft/served_weights.py)."""
+    compare: torch.dtype = torch.float32
+    """The dtype merged weights are compared in: the coarser of the sampler's and the learner's."""
+    synced: int = 0
+    """Modules a full read-back would compare (``modules`` is empty where the sampler cannot read)."""
+    said: list[str] = field(default_factory=list)
+    """Notes already given once in this run (a sampler that cannot read back what it serves)."""
 
 
 def make_probe(tokenizer: Any, first_prompt: list[int]) -> Probe:
@@ -110,7 +116,11 @@ def build_check(cfg: Config, policy: Policy, sampler: Sampler, task: Task) -> Sy
     probe = make_probe(policy.tokenizer, problem_ids(policy.tokenizer, first, cfg.data))
     tol, source = tolerance(cfg.sampler.sync_check_tol, [policy.compute_dtype, sampler.dtype])
     where = f"sampler={resolve_sampler_name(cfg.sampler.name)}, sync={sync_mode(sampler, policy)}"
-    return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where, tuple(synced_modules(policy)))
+    # Under tensor parallelism each vLLM worker holds a slice of every layer: nothing to read back whole.
+    readable = getattr(sampler, "tensor_parallel", 1) == 1
+    synced = tuple(synced_modules(policy))
+    return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where, synced if readable else (),
+                     compare_dtype(policy, sampler.dtype), len(synced))
 
 
 def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
@@ -148,7 +158,7 @@ def _measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParalle
     diff = (mine - torch.tensor(theirs, dtype=torch.float32)).abs()
     # A NaN anywhere must fail the check: nan_to_num maps it to +inf, which no tolerance passes.
     diff = torch.nan_to_num(diff, nan=math.inf)
-    counts = differing(want, served, sampler.dtype)
+    counts = differing(want, served, check.compare)
     bad = {name: c for name, c in counts.items() if c[0] > 0}
     ranks = dp.all_gather((diff.mean().item(), diff.max().item(), len(counts), len(bad)))
     metrics = {
@@ -175,13 +185,26 @@ def _both_sides(check: SyncCheck, sampler: Sampler,
 
     def learner() -> tuple[Tensor, dict]:
         with torch.cuda.device(policy.device) if policy.device.type == "cuda" else contextlib.nullcontext():
-            return learner_logprobs(policy, check.probe), expected(policy, sampler.dtype, _adapter_served(sampler))
+            want = expected(policy, check.modules, sampler.dtype, _adapter_served(sampler))
+            return learner_logprobs(policy, check.probe), want
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-sync-check") as pool:
         mine = pool.submit(learner)
         theirs = sampler.score(check.probe.prompt, check.probe.completion)
-        served = sampler.read_served(list(check.modules))
+        served = _read_served(check, sampler)
         return mine.result(), theirs, served
+
+
+def _read_served(check: SyncCheck, sampler: Sampler) -> dict[str, tuple[Tensor, ...]]:
+    """The sampler's read-back, or nothing when its engine's internals are not what the read-back
+    expects (another vLLM version): the probe then checks alone, and the run says so once."""
+    if not check.modules:
+        return {}
+    try:
+        return sampler.read_served(list(check.modules))
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        check.said.append(f"read-back failed: {type(e).__name__}: {e}")
+        return {}
 
 
 def _adapter_served(sampler: Sampler) -> bool:
@@ -238,7 +261,7 @@ def verify(check: SyncCheck | None, sampler: Sampler, policy: Policy, dp: DataPa
     if check is None or check.mode == "off":
         return {}
     metrics, detail = _measure(check, sampler, policy, dp)
-    _note_unread(check, metrics)
+    _note_unread(check, metrics, dp, warn)
     problem = mismatch(check, metrics, when, detail)
     if problem is None:
         return metrics
@@ -248,17 +271,20 @@ def verify(check: SyncCheck | None, sampler: Sampler, policy: Policy, dp: DataPa
     return metrics
 
 
-_NOTED: set[str] = set()
-
-
-def _note_unread(check: SyncCheck, metrics: dict[str, float]) -> None:
-    """Say once per sampler kind when it could not read back some synced weights: the probe alone
-    checks those (vLLM under tensor parallelism, or a model whose module names vLLM changes)."""
+def _note_unread(check: SyncCheck, metrics: dict[str, float], dp: DataParallel,
+                 warn: Callable[[str], None] | None) -> None:
+    """Say once per run, on the main rank, when synced weights were not read back: the probe alone
+    checks them (vLLM under tensor parallelism, or an engine whose internals the read-back does not know)."""
+    total = check.synced
     read = int(metrics["sync/weights_read"])
-    if read < len(check.modules) and check.where not in _NOTED:
-        _NOTED.add(check.where)
-        _to_stderr(f"sync check ({check.where}): the sampler's served weights of {len(check.modules) - read} of "
-                   f"{len(check.modules)} synced modules cannot be read back; the probe alone checks them")
+    if read >= total or "unread" in check.said:
+        return
+    why = next((s for s in check.said if s.startswith("read-back failed")), "")
+    check.said.append("unread")
+    if dp.main:
+        (warn or _to_stderr)(f"sync check ({check.where}): the served weights of {total - read} of {total} synced "
+                             f"modules cannot be read back{' (' + why + ')' if why else ''}; the probe alone checks "
+                             "them")
 
 
 def _to_stderr(message: str) -> None:

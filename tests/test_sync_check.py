@@ -19,6 +19,7 @@ from rlft.models import build_policy
 from rlft.models.policy import Policy
 from rlft.samplers import build_sampler, sync_sampler
 from rlft.samplers.readback import columns
+from rlft.served_weights import _rounding_mismatch
 from rlft.sync_check import (
     PROMPT_TAIL,
     TOL_FP32,
@@ -222,7 +223,55 @@ def test_the_weight_comparison_is_exact_to_rounding(hf_by_dtype):
         w[5, col] = torch.nextafter(w[5, col].float(), torch.tensor(9.0)).to(w.dtype) if dtype == "fp32" else \
             (w[5, col].float() * (1 + 2**-7)).to(w.dtype)
     assert measure(check, sampler, policy)["sync/weights_differ"] == (1 if dtype == "bf16" else 0)
+    if dtype == "fp32":  # past the 16 fp32 steps the learner's sum over a slice may move
+        with torch.no_grad():
+            w[5, col] = w[5, col] * (1 + 40 * 2**-24)
+        assert measure(check, sampler, policy)["sync/weights_differ"] == 1
     sync_sampler(sampler, policy)
+
+
+def test_rounding_comparison_by_hand():
+    """A served element passes when it is the learner's fp32 value rounded to the comparison dtype: a bf16
+    learner's base under an fp32 engine (the model's fp32 files) passes at bf16, not at fp32; a weight
+    that must be 0 is 0."""
+    files = torch.tensor([[0.1234567, -0.7654321, 3.3e-3]])
+    learner = files.to(torch.bfloat16).float()  # a bf16 learner holds its base rounded
+    assert _rounding_mismatch(learner, files, torch.bfloat16) == (0, 3)
+    assert _rounding_mismatch(learner, files, torch.float32) == (3, 3)
+    assert _rounding_mismatch(learner, files.to(torch.bfloat16), torch.bfloat16) == (0, 3)
+    off = learner.to(torch.bfloat16).view(torch.int16) + torch.tensor([[1, 0, -1]], dtype=torch.int16)
+    assert _rounding_mismatch(learner, off.view(torch.bfloat16), torch.bfloat16) == (2, 3)  # one bf16 step
+    zero = torch.zeros(1, 2)
+    assert _rounding_mismatch(zero, torch.tensor([[0.0, 1e-3]]), torch.bfloat16) == (1, 2)
+
+
+def test_lora_on_an_embedding_leaves_it_to_the_probe():
+    """peft's LoRA embedding has no lora_A linear: the read-back compares the linear targets only (it
+    raised KeyError before). The tiny model ties its embedding to the LM head, so the merged sync also
+    changes the sampler's LM head, which the learner's adapter leaves alone: the probe sees that."""
+    torch.manual_seed(0)
+    _, policy, sampler, check = _setup(FP32 + ["model.lora.target_modules=[embed_tokens,q_proj]"])
+    assert check.modules == ("model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj")
+    _adamw_first_step(policy)
+    sync_sampler(sampler, policy)
+    m = measure(check, sampler, policy)
+    assert (m["sync/weights_read"], m["sync/weights_differ"]) == (2, 0)
+    assert m["sync/logp_abs_diff_mean"] > check.tol
+
+
+def test_a_read_back_that_fails_leaves_the_probe_and_says_so_once(fp32_hf, monkeypatch):
+    _, policy, sampler, check = fp32_hf
+
+    def internals_moved(names):
+        raise AttributeError("'LRUCacheWorkerLoRAManager' object has no attribute '_adapter_manager'")
+
+    monkeypatch.setattr(sampler, "read_served", internals_moved)
+    said = []
+    for _ in range(2):
+        m = verify(check, sampler, policy, DataParallel(), "now", said.append)
+        assert m["sync/weights_read"] == 0 and m["sync/weights_differ"] == 0
+    assert len(said) == 1 and "the served weights of 14 of 14 synced modules cannot be read back (read-back " \
+        "failed: AttributeError: 'LRUCacheWorkerLoRAManager'" in said[0] and "the probe alone checks them" in said[0]
 
 
 def test_tolerance_by_dtype():
@@ -423,6 +472,31 @@ def test_vllm_sync_check(vllm_engine, monkeypatch):
         monkeypatch.undo()
         sync_sampler(sampler, policy)
         assert measure(check, sampler, policy)["sync/weights_differ"] == 0
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_an_fp32_engine_under_a_bf16_learner_compares_at_bf16(tmp_path):
+    """The engine loads the model's fp32 files, the learner holds the same base rounded to bf16: the
+    served weights are compared at bf16 (at fp32 the start-up check failed on all 14 honest modules)."""
+    from tests.support import write_eos_model
+
+    write_eos_model(tmp_path / "model")  # saved in fp32
+    torch.manual_seed(0)
+    _, policy, sampler, check = _setup(VLLM_FP32 + ["model=local", f"model.path={tmp_path / 'model'}",
+                                                    "model.dtype=bf16", "sampler.vllm.dtype=fp32"])
+    assert sampler.dtype == torch.float32 and check.compare == torch.bfloat16
+    for _ in range(2):
+        m = verify(check, sampler, policy, DataParallel(), "now")
+        assert (m["sync/weights_read"], m["sync/weights_differ"]) == (14, 0)
+        _adamw_first_step(policy)
+        sync_sampler(sampler, policy)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(sampler, "load_weights", lambda weights: None)
+    _adamw_first_step(policy)
+    sync_sampler(sampler, policy)
+    monkeypatch.undo()
+    assert measure(check, sampler, policy)["sync/weights_differ"] == 14
 
 
 @pytest.mark.slow

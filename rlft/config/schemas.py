@@ -202,7 +202,7 @@ class AlgoConfig:
     on each token's policy loss: none, token_tis / seq_tis / seq_geo_tis (rho per token / its product per
     sequence / its geometric mean per sequence, clamped to [rollout_is_low, rollout_is_high]), token_mask
     (IcePop) / seq_mask (TRL's sequence_mask): rho where it lies in that band, else 0, or seq_geo_mask
-    (OpenRLHF's seq-mask-tis, recommended: a sequence whose geometric-mean rho leaves the band is dropped, the
+    (OpenRLHF's seq-mask-tis, recommended with rollout_is_low=0.5: a sequence whose geometric-mean rho leaves the band is dropped, the
     others weighted as token_tis; the product's band drops more of the longer sequences, the mean's does not).
     Needs a sampler that reports log-probs (vllm) and untruncated sampling."""
     rollout_is_low: float = knob(0.0, ALGORITHM, section=MISMATCH, range="[0, inf)")
