@@ -63,10 +63,13 @@ def test_a_reward_with_variance_gives_no_verdict(eos_model):
 
 
 def test_a_tiny_max_new_tokens_is_named():
-    r = _check("sampler.max_new_tokens=2", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]")
+    r = _check("sampler.max_new_tokens=2", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]",
+               "trainer.max_minutes=0.0001")
     (v,) = [v for v in r.verdicts if v.key == "truncated"]
     assert "100% of replies reach sampler.max_new_tokens=2" in v.message and not v.blocks
     assert r.lengths["reply_tokens"]["max"] == 2.0
+    # The run ends after the step that crosses trainer.max_minutes: one step here.
+    assert r.cost["steps"] == 1 and r.cost["projected_s"] == pytest.approx(r.cost["step_s"])
 
 
 def test_truncation_blocks_when_the_overlong_filter_masks_every_reply():

@@ -260,7 +260,8 @@ def _cost(c: Components, cfg: Config, sync: dict[str, Any], seconds: dict[str, f
     """The measured seconds, and a step's projected from them: sampling, scoring and the update scale with the
     number of groups (trainer.num_prompts over the prompts checked); under dynamic sampling, a step draws
     rounds until enough groups differ (1 / the informative share, at most algo.max_sampling_rounds), and with
-    none informative it skips its update."""
+    none informative it skips its update. Under trainer.max_minutes the run ends after the step that crosses it.
+    Evaluations are not included."""
     scale = num_prompts / max(prompts, 1)
     informative = equal_groups(totals, groups)
     kept = share(informative["of"] - informative["count"], informative["of"])
@@ -272,9 +273,9 @@ def _cost(c: Components, cfg: Config, sync: dict[str, Any], seconds: dict[str, f
     step = {"sampling": seconds["sampling"] * scale * rounds, "scoring": seconds["scoring"] * scale * rounds,
             "update": 0.0 if skipped else seconds["update"] * scale, "sync": 0.0 if skipped else seconds["sync"] + check_s}
     step_s = sum(step.values())
-    total = steps * step_s
     budget = cfg.trainer.max_minutes * 60
+    if budget > 0 and step_s > 0:  # the run stops after the step that crosses trainer.max_minutes
+        steps = min(steps, math.floor(budget / step_s) + 1)
     return {"dtype": c.precision.dtype, "dtype_reason": c.precision.reason, "device": str(c.device),
             "sync_check": sync, "seconds": seconds, "rounds": rounds, "skips_update": skipped, "step": step, "step_s": step_s,
-            "steps": steps, "projected_s": min(total, budget) if budget > 0 else total,
-            "budget_s": budget if budget > 0 else None}
+            "steps": steps, "projected_s": steps * step_s, "budget_s": budget if budget > 0 else None}

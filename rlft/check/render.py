@@ -119,9 +119,10 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
     out.append(("cost", "a step, projected", f"{_seconds(c['step_s'])} for {run['num_prompts']} prompts{rounds}: "
                 f"sampling {st['sampling']:.1f} s, scoring {st['scoring']:.1f} s, update {st['update']:.1f} s, "
                 f"sync {st['sync']:.1f} s" + (" (no group differs: the update is skipped)" if c.get("skips_update") else "")))
-    budget = f" (trainer.max_minutes caps it at {_seconds(c['budget_s'])})" if c["budget_s"] else ""
-    out.append(("cost", f"trainer.steps={c['steps']}, projected", _seconds(c["projected_s"]) + budget
-                + " (evaluations not included)"))
+    budget = (f"; trainer.max_minutes={c['budget_s'] / 60:g} ends it after {c['steps']} of trainer.steps="
+              f"{run['steps']}" if c["budget_s"] and c["steps"] < run["steps"] else "")
+    out.append(("cost", "the run, projected", f"{_seconds(c['projected_s'])} for {c['steps']} steps{budget} "
+                "(evaluations not included)"))
     for v in r.verdicts:
         out.append(("verdict", "BLOCKS" if v.blocks else "warning", f"{v.message}; next: {v.fix}"))
     if not r.verdicts:
