@@ -1,0 +1,270 @@
+"""Agent rollouts: the environment's share of a step, rlft's code before issue 36 (episodes stepped one after
+another, user tools in workers forked per episode) against now (every waiting episode at once, workers kept).
+
+    python scripts/bench_episodes.py [--before REV] [--out DIR] [--steps 2] [--warmup 1] [--episodes 32]
+                                     [--tools sleep,python,calculator] [--sampler vllm] [--skip-steps]
+
+Two parts, every measurement in a process of its own, each code version imported from its own tree (REV, default
+the commit before issue 36's first, is extracted with ``git archive`` under DIR; the newer one is this checkout):
+
+1. The environment phase alone: ``--episodes`` tool episodes whose reply makes one call, stepped as the episode
+   loop steps them (before: ``ToolEnv.step`` one episode after another; now: ``ToolEnv.step_batch``), for a user
+   tool that sleeps 0.5 s (an API's latency) and the python tool; 3 rounds (the first one forks the workers now).
+   Also the cost of an ``episode.env`` in a worker: a trivial environment stepped in the trainer against one held
+   by a worker (``EnvPool``), per step.
+2. Whole training steps of docs/results.md's tool task (SmolLM2-135M-Instruct, LoRA, GRPO, 4 prompts x 8 episodes,
+   at most 3 turns of 40 tokens, T=0.7; prompts with one worked demonstration of the tool): per tool, the step
+   time, its sampling time and its environment time (measured the same way in both trees: the episode loop's
+   environment function wrapped by a timer), warm-up steps dropped.
+
+Absolute times drift with the machine: the fp32 GEMM speed is printed beside them; compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE = "066dd84"
+"""The last commit before issue 36's changes to the episode loop."""
+TOOLS = {"sleep": "scripts.bench_episodes:calculator", "python": "python", "calculator": "calculator"}
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression and return its value (after half a second: a tool behind an API).
+
+    Args:
+        expression: Numbers with + - * / // % ** and parentheses, for example "(12 + 3) * 4 ** 2".
+    """
+    from rlft.tools.builtin import calculator as compute
+
+    time.sleep(0.5)
+    return compute(expression)
+
+
+def gemm() -> float:
+    import torch
+
+    from rlft.models.precision import gemm_gflops
+
+    return gemm_gflops(torch.float32, 1024, 576, 1536)
+
+
+# ----------------------------------------------------------------------------------------------- children
+
+
+def child_env(tool: str, episodes: int) -> dict:
+    """Part 1 in this process: seconds per round of stepping ``episodes`` tool episodes."""
+    from rlft.config.schemas import EpisodeConfig
+    from rlft.episodes.tool_env import ToolEnv
+    from rlft.tools.run import ToolRunner
+    from rlft.tools.spec import load_tools
+
+    cfg = EpisodeConfig()
+    runner = ToolRunner(load_tools([TOOLS[tool]], cfg), cfg)
+    name = "calculator" if tool == "sleep" else tool
+    arguments = {"expression": "312 * 457"} if name == "calculator" else {"code": "print(312 * 457)"}
+    reply = f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+    envs = [ToolEnv(runner) for _ in range(episodes)]
+    rounds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        if hasattr(ToolEnv, "step_batch"):
+            steps = [s for s, _ in ToolEnv.step_batch(envs, [reply] * episodes)]
+        else:
+            steps = [e.step(reply) for e in envs]
+        rounds.append(time.perf_counter() - t0)
+        assert all(s.messages[0]["content"].strip() == "142584" for s in steps), steps[0]
+    runner.close()
+    return {"rounds": rounds}
+
+
+def child_env_overhead(episodes: int) -> dict:
+    """Part 1: a trivial environment's step in this process against in a worker (now only)."""
+    from rlft.episodes.env_pool import EnvPool
+    from scripts.bench_episodes import Counter
+
+    here = [Counter(None) for _ in range(episodes)]
+    t0 = time.perf_counter()
+    for _ in range(20):
+        for e in here:
+            e.step("reply")
+    in_process = (time.perf_counter() - t0) / 20
+    pool = EnvPool(Counter, "episode.env=bench", 32, 60.0)
+    held = [pool.make(None) for _ in range(episodes)]
+    t0 = time.perf_counter()
+    pool.step(held, ["reply"] * episodes)  # forks the workers, builds the environments
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(20):
+        pool.step(held, ["reply"] * episodes)
+    in_workers = (time.perf_counter() - t0) / 20
+    pool.close()
+    return {"in_process_s": in_process, "first_s": first, "in_workers_s": in_workers}
+
+
+class Counter:
+    """A trivial environment: counts its steps."""
+
+    def __init__(self, problem):
+        self.n = 0
+
+    def step(self, reply: str):
+        from rlft.episodes.env import Step
+
+        self.n += 1
+        return Step(messages=[{"role": "user", "content": str(self.n)}])
+
+
+def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str) -> dict:
+    """Part 2 in this process: ``warmup + steps`` training steps of the tool task; the measured steps' times."""
+    import rlft.episodes.run as loop
+    from rlft.config import compose
+    from rlft.trainer import build_components, train_step
+
+    name = "_advance_all" if hasattr(loop, "_advance_all") else "_advance"
+    inner = getattr(loop, name)
+    env_s = [0.0]
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            env_s[0] += time.perf_counter() - t0
+
+    setattr(loop, name, timed)
+    cfg, _, _ = compose([
+        "algo=grpo", "model=smollm2_135m", "data=jsonl", f"data.path={data}/train.jsonl", "data.num_eval=0",
+        f"tools=[{TOOLS[tool]}]", "episode.max_turns=3", "reward.fns=[math_correct]", f"sampler={sampler}",
+        "sampler.max_new_tokens=40", "sampler.temperature=0.7", "trainer.num_prompts=4", "sampler.n=8",
+        "trainer.micro_batch_size=4",  # the learner's peak memory: this machine is shared
+        f"trainer.steps={steps + warmup}", "logger.console=false"])
+    c = build_components(cfg)
+    out = []
+    for i in range(warmup + steps):
+        env_s[0] = 0.0
+        m = train_step(i + 1, c, cfg)
+        out.append({"step_s": m["time/step_s"], "generate_s": m["time/generate_s"], "env_s": env_s[0],
+                    "turns": m.get("episode/turns", 0.0), "tool_calls": m.get("episode/tool_calls", 0.0),
+                    "env_longest_s": m.get("time/env_longest_s")})
+    return {"steps": out[warmup:]}
+
+
+# ------------------------------------------------------------------------------------------------- parent
+
+
+def run_child(tree: Path, args: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/bench_episodes.py"), "--child", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"bench_episodes: child {args} failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def extract(rev: str, out: Path) -> Path:
+    tree = out / f"rlft-{rev}"
+    if not (tree / "rlft").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", rev, "rlft", "conf"], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", default=BEFORE)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--tools", default="sleep,python,calculator")
+    parser.add_argument("--sampler", default="vllm")
+    parser.add_argument("--skip-steps", action="store_true", help="part 1 only")
+    parser.add_argument("--skip-env", action="store_true", help="part 2 only")
+    parser.add_argument("--child", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        if kind == "env":
+            result = child_env(rest[0], int(rest[1]))
+        elif kind == "overhead":
+            result = child_env_overhead(int(rest[0]))
+        else:
+            result = child_steps(rest[0], Path(rest[1]), int(rest[2]), int(rest[3]), rest[4])
+        import rlft
+
+        print(json.dumps({**result, "rlft": rlft.__file__}))
+        return 0
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-episodes-"))
+    trees = {"before": extract(args.before, out), "now": ROOT}
+    tools = args.tools.split(",")
+    print(f"fp32 GEMM {gemm():.0f} GFLOP/s at the start; before = {args.before}, now = {_head()}; "
+          f"{os.cpu_count()} CPUs")
+    if not args.skip_env:
+        part_one(trees, tools, args.episodes)
+    if args.skip_steps:
+        return 0
+    part_two(trees, tools, out, args.steps, args.warmup, args.sampler)
+    print(f"fp32 GEMM {gemm():.0f} GFLOP/s at the end")
+    return 0
+
+
+def part_one(trees: dict[str, Path], tools: list[str], episodes: int) -> None:
+    print(f"\n1. the environment phase alone: {episodes} episodes, one call each; seconds per round "
+          "(3 rounds; now: the first forks the workers)")
+    print("| tool | before (one episode after another) | now (all at once) | before / now (rounds 2-3) |")
+    print("|---|---|---|---|")
+    for tool in [t for t in tools if t in ("sleep", "python")]:
+        r = {k: run_child(tree, ["env", tool, str(episodes)])["rounds"] for k, tree in trees.items()}
+        ratio = statistics.mean(r["before"][1:]) / statistics.mean(r["now"][1:])
+        print(f"| {tool} | {' / '.join(f'{x:.2f}' for x in r['before'])} | {' / '.join(f'{x:.2f}' for x in r['now'])} "
+              f"| {ratio:.1f}x |")
+    o = run_child(ROOT, ["overhead", str(episodes)])
+    print(f"\nepisode.env in workers, {episodes} episodes of a trivial environment, one step each: in the trainer "
+          f"{1000 * o['in_process_s']:.2f} ms, in workers {1000 * o['in_workers_s']:.1f} ms a step of all "
+          f"({1000 * o['in_workers_s'] / episodes:.2f} ms an episode); the first step (forking the workers, "
+          f"building the environments) {1000 * o['first_s']:.0f} ms")
+    print(f"fp32 GEMM {gemm():.0f} GFLOP/s")
+
+
+def part_two(trees: dict[str, Path], tools: list[str], out: Path, steps: int, warmup: int, sampler: str) -> None:
+    data = out / "data"
+    for tool in ("calculator", "python"):
+        if not (data / tool / "train.jsonl").exists():
+            subprocess.run([sys.executable, str(ROOT / "scripts/tool_task.py"), str(data / tool), "--train", "200",
+                            "--eval", "10", "--tool", tool], check=True, capture_output=True)
+    print(f"\n2. training steps of the tool task, 4 prompts x 8 episodes, at most 3 turns of 40 tokens, {sampler} "
+          f"sampler; mean of {steps} steps after {warmup} warm-up, seconds")
+    print("| tool | code | step | sampling (generate_s) | environment | env share of the step | turns / episode | "
+          "calls / episode |")
+    print("|---|---|---|---|---|---|---|---|")
+    for tool in tools:
+        task = data / ("python" if tool == "python" else "calculator")
+        for label, tree in trees.items():
+            s = run_child(tree, ["steps", tool, str(task), str(steps), str(warmup), sampler])["steps"]
+
+            def mean(key: str, rows: list[dict] = s) -> float:
+                return statistics.mean(row[key] for row in rows)
+
+            print(f"| {tool} | {label} | {mean('step_s'):.1f} | {mean('generate_s'):.1f} | {mean('env_s'):.2f} | "
+                  f"{100 * mean('env_s') / mean('step_s'):.0f}% | {mean('turns'):.2f} | {mean('tool_calls'):.2f} |")
+
+
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
