@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlft.check.measure import check
+from rlft.check.render import rows
 from rlft.check.report import Report, Verdict, distribution, equal_groups
 from rlft.check.verdicts import verdicts
 from rlft.config import compose
@@ -95,6 +96,8 @@ def test_tools_never_called():
     assert v.message.startswith("no reply called a tool (calculator)")
     ep = r.lengths["episodes"]
     assert ep["tools"] == ["calculator"] and ep["events"].get("tool_calls", 0) == 0 and ep["turns"]["max"] == 1.0
+    assert ep["count"] == 8  # 2 prompts x sampler.n=4
+    assert ("lengths", "tool calls", "0 over 8 episodes (calculator); errors 0: none") in rows(r)
     assert "calculator" in r.rendering["first_prompt"]  # the tools' description is part of what the policy reads
     assert "turn_suffix" in r.rendering
 

@@ -216,7 +216,7 @@ def _lengths(c: Components, cfg: Config, prompt_ids: list[list[int]], samples: l
     }
     if isinstance(gens, Episodes):
         n = len(gens.turns)
-        out["episodes"] = {"turns": lengths(gens.turns), "max_turns": cfg.episode.max_turns,
+        out["episodes"] = {"count": n, "turns": lengths(gens.turns), "max_turns": cfg.episode.max_turns,
                            "tools": [t.name for t in c.episodes.tools] if c.episodes else [],
                            "events": dict(sorted(gens.events.items())),
                            "per_episode": {k: v / n for k, v in sorted(gens.events.items())}}

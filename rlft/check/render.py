@@ -85,7 +85,7 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
             ev = ep["events"]
             kinds = ", ".join(f"{k.removeprefix('tool_errors/')} {v}" for k, v in ev.items()
                               if k.startswith("tool_errors/") and v) or "none"
-            out.append(("lengths", "tool calls", f"{ev.get('tool_calls', 0)} over {len(ep['turns'])} episodes "
+            out.append(("lengths", "tool calls", f"{ev.get('tool_calls', 0)} over {ep['count']} episodes "
                         f"({', '.join(ep['tools'])}); errors {ev.get('tool_errors', 0)}: {kinds}"))
     prompt = rd["first_prompt"]
     shown = prompt if len(prompt) <= FIRST_PROMPT_CHARS else prompt[:FIRST_PROMPT_CHARS] + f" ... ({len(prompt)} chars)"

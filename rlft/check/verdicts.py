@@ -122,7 +122,7 @@ def _episodes(r: Report) -> list[Verdict]:
     if calls == 0:
         return [Verdict("no_tool_calls", False, f"no reply called a tool ({', '.join(ep['tools'])}): the episodes "
                         "are single replies and the tools teach nothing",
-                        "check the first prompt below (how the tools are described), episode.tool_format, or use a "
+                        "check the first prompt (rendering: how the tools are described), episode.tool_format, or use a "
                         "model tuned for tool calls")]
     errors = events.get("tool_errors", 0)
     if errors / calls >= TOOL_ERRORS_WARN:
