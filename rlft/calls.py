@@ -18,6 +18,7 @@ call that worker held never arrives (the run would wait forever).
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import pickle
@@ -283,7 +284,10 @@ def _serve(fn: Callable[..., Any], conn: Connection, trainer: int) -> None:
     """A worker's loop. It leaves the trainer's process group: a stop signal sent to the whole group
     (torch's agent, coreutils ``timeout``, SLURM) is meant for the trainer, which finishes its step
     with the worker's help and then kills it. Forked workers inherit the trainer's Ctrl-C/SIGTERM
-    handler: the defaults go back, so that killing a worker stops it."""
+    handler: the defaults go back, so that killing a worker stops it. The objects inherited from the
+    trainer are frozen out of the garbage collector: a collection would write to every one of them and
+    copy the trainer's Python heap into each worker (a worker is kept for the run)."""
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
     os.setpgid(0, 0)
