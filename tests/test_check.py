@@ -151,6 +151,9 @@ def test_verdict_thresholds():
     weak = verdicts(_report(totals=[0, 0, 0, 1, 1, 1], groups_of=[0, 0, 1, 1, 2, 2], groups_with_gradient=1))
     assert [(v.key, v.blocks) for v in weak] == [("weak_signal", False)]
     assert "2 of 3 groups score the same (1 at 0, 1 at 1)" in weak[0].message
+    # PPO (GAE with a critic): groups that score alike still carry advantages, and differ from each other.
+    assert verdicts(_report(totals=[0, 0, 0, 0, 1, 1], groups_of=[0, 0, 1, 1, 2, 2], groups_with_gradient=3,
+                            learns_from_zero_advantages=True)) == []
     unscored = verdicts(_report(totals=[float("nan")] * 4))
     assert [(v.key, v.blocks) for v in unscored] == [("unscored", True)]
     r = _report()

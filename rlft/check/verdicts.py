@@ -60,10 +60,10 @@ def _signal(r: Report) -> list[Verdict]:
     elif eq["count"] == groups and total.get("distinct", 0) <= 1:
         out.append(Verdict("no_signal", True, f"no signal: every reply scores {total.get('min', 0):g}: the reward "
                            f"is constant, so algo={algo} has nothing to learn from", DENSER))
-    elif eq["count"] / groups >= EQUAL_WARN:
+    elif eq["count"] / groups >= EQUAL_WARN and (s["dynamic_sampling"] or s["groups_with_gradient"] < groups):
+        # (an estimator that is not group-relative, PPO's GAE, learns from groups that score alike: no warning)
         meaning = ("dynamic sampling drops them (more sampling rounds per step)" if s["dynamic_sampling"] else
-                   "their samples carry no gradient from the reward" if s["groups_with_gradient"] < groups else
-                   "no contrast within them")
+                   "their samples carry no gradient from the reward")
         out.append(Verdict("weak_signal", False, f"weak signal: {head}: {meaning}", DENSER))
     return out
 
