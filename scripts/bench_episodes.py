@@ -12,10 +12,11 @@ the commit before issue 36's first, is extracted with ``git archive`` under DIR;
    tool that sleeps 0.5 s (an API's latency) and the python tool; 3 rounds (the first one forks the workers now).
    Also the cost of an ``episode.env`` in a worker: a trivial environment stepped in the trainer against one held
    by a worker (``EnvPool``), per step.
-2. Whole training steps of docs/results.md's tool task (SmolLM2-135M-Instruct, LoRA, GRPO, 4 prompts x 8 episodes,
-   at most 3 turns of 40 tokens, T=0.7; prompts with one worked demonstration of the tool): per tool, the step
-   time, its sampling time and its environment time (measured the same way in both trees: the episode loop's
-   environment function wrapped by a timer), warm-up steps dropped.
+2. Rollouts of docs/results.md's tool task (SmolLM2-135M-Instruct, LoRA, GRPO, 4 prompts x 8 episodes, at most 3
+   turns of 40 tokens, T=0.7; prompts with one worked demonstration of the tool): per tool, the rollout's time,
+   its sampling time and its environment time (measured the same way in both trees: the episode loop's
+   environment function wrapped by a timer), warm-up rollouts dropped. The update that follows a rollout is the
+   same code before and after and is not run (on this 2-core machine it takes minutes: a step is that plus this).
 
 Absolute times drift with the machine: the fp32 GEMM speed is printed beside them; compare the ratios.
 """
@@ -125,10 +126,12 @@ class Counter:
 
 
 def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str) -> dict:
-    """Part 2 in this process: ``warmup + steps`` training steps of the tool task; the measured steps' times."""
+    """Part 2 in this process: ``warmup + steps`` rollouts of the tool task (sampling, environments, rewards; the
+    update after them is the same code before and after, and is not run); the measured rollouts' times."""
     import rlft.episodes.run as loop
     from rlft.config import compose
-    from rlft.trainer import build_components, train_step
+    from rlft.rollout import collect_rollout
+    from rlft.trainer import build_components
 
     name = "_advance_all" if hasattr(loop, "_advance_all") else "_advance"
     inner = getattr(loop, name)
@@ -146,16 +149,15 @@ def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str) ->
         "algo=grpo", "model=smollm2_135m", "data=jsonl", f"data.path={data}/train.jsonl", "data.num_eval=0",
         f"tools=[{TOOLS[tool]}]", "episode.max_turns=3", "reward.fns=[math_correct]", f"sampler={sampler}",
         "sampler.max_new_tokens=40", "sampler.temperature=0.7", "trainer.num_prompts=4", "sampler.n=8",
-        "trainer.micro_batch_size=4",  # the learner's peak memory: this machine is shared
         f"trainer.steps={steps + warmup}", "logger.console=false"])
     c = build_components(cfg)
     out = []
-    for i in range(warmup + steps):
+    for _ in range(warmup + steps):
         env_s[0] = 0.0
-        m = train_step(i + 1, c, cfg)
-        out.append({"step_s": m["time/step_s"], "generate_s": m["time/generate_s"], "env_s": env_s[0],
-                    "turns": m.get("episode/turns", 0.0), "tool_calls": m.get("episode/tool_calls", 0.0),
-                    "env_longest_s": m.get("time/env_longest_s")})
+        t0 = time.perf_counter()
+        m = collect_rollout(c, cfg).metrics
+        out.append({"rollout_s": time.perf_counter() - t0, "generate_s": m["time/generate_s"], "env_s": env_s[0],
+                    "turns": m.get("episode/turns", 0.0), "tool_calls": m.get("episode/tool_calls", 0.0)})
     return {"steps": out[warmup:]}
 
 
@@ -245,10 +247,10 @@ def part_two(trees: dict[str, Path], tools: list[str], out: Path, steps: int, wa
         if not (data / tool / "train.jsonl").exists():
             subprocess.run([sys.executable, str(ROOT / "scripts/tool_task.py"), str(data / tool), "--train", "200",
                             "--eval", "10", "--tool", tool], check=True, capture_output=True)
-    print(f"\n2. training steps of the tool task, 4 prompts x 8 episodes, at most 3 turns of 40 tokens, {sampler} "
-          f"sampler; mean of {steps} steps after {warmup} warm-up, seconds")
-    print("| tool | code | step | sampling (generate_s) | environment | env share of the step | turns / episode | "
-          "calls / episode |")
+    print(f"\n2. rollouts of the tool task, 4 prompts x 8 episodes, at most 3 turns of 40 tokens, {sampler} "
+          f"sampler; mean of {steps} rollouts after {warmup} warm-up, seconds")
+    print("| tool | code | rollout | sampling (generate_s, env included) | environment | env share of the rollout | "
+          "turns / episode | calls / episode |")
     print("|---|---|---|---|---|---|---|---|")
     for tool in tools:
         task = data / ("python" if tool == "python" else "calculator")
@@ -258,8 +260,8 @@ def part_two(trees: dict[str, Path], tools: list[str], out: Path, steps: int, wa
             def mean(key: str, rows: list[dict] = s) -> float:
                 return statistics.mean(row[key] for row in rows)
 
-            print(f"| {tool} | {label} | {mean('step_s'):.1f} | {mean('generate_s'):.1f} | {mean('env_s'):.2f} | "
-                  f"{100 * mean('env_s') / mean('step_s'):.0f}% | {mean('turns'):.2f} | {mean('tool_calls'):.2f} |")
+            print(f"| {tool} | {label} | {mean('rollout_s'):.1f} | {mean('generate_s'):.1f} | {mean('env_s'):.2f} | "
+                  f"{100 * mean('env_s') / mean('rollout_s'):.0f}% | {mean('turns'):.2f} | {mean('tool_calls'):.2f} |")
 
 
 def _head() -> str:
