@@ -6,7 +6,7 @@ probe by 7.3e-4 after one step, 2.6e-2 after 50, against a bf16 tolerance of 0.2
 back what it serves (rlft/samplers/readback.py) and each element must equal what the learner would have
 it serve:
 
-- merged weights (``sync=merged``, the hf sampler, full fine-tuning): eight input columns of every synced
+- merged weights (``sync=merged``, the hf sampler, full fine-tuning): four input columns of every synced
   linear weight, ``base + (B @ A) * scaling`` computed by the learner in fp32; a served element must be
   that value rounded to the coarser of the sampler's dtype and the learner's base dtype (within half a
   step of it, +16 fp32 steps: the learner sums ``B @ A`` over a slice). The coarser one, because an fp32
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from rlft.models.policy import base_name
-from rlft.samplers.readback import columns
+from rlft.samplers.readback import column_index
 from rlft.sharding import full, full_columns
 
 if TYPE_CHECKING:
@@ -59,12 +59,16 @@ def compare_dtype(policy: Policy, sampler_dtype: torch.dtype) -> torch.dtype:
     return min(dtypes, key=lambda d: MANTISSA_BITS.get(d, 23))
 
 
-def expected(policy: Policy, names: tuple[str, ...], dtype: torch.dtype,
-             adapter: bool) -> dict[str, tuple[Tensor, ...]]:
+def expected(policy: Policy, names: tuple[str, ...], dtype: torch.dtype, adapter: bool,
+             cache: dict[str, Any] | None = None) -> dict[str, tuple[Tensor, ...]]:
     """What the sampler should serve of the named synced modules, in the form its read-back takes:
-    ``(columns,)`` as (N, 8) fp32, or under ``adapter`` ``(A, B * scaling)`` in ``dtype``. Under FSDP2
-    every rank calls this in the same order (it gathers)."""
-    modules = synced_modules(policy)
+    ``(columns,)`` as (N, 4) fp32, or under ``adapter`` ``(A, B * scaling)`` in ``dtype``. Under FSDP2
+    every rank calls this in the same order (it gathers). ``cache`` (one per run) keeps the module lookup
+    and, under LoRA, the frozen base's columns from one check to the next."""
+    cache = {} if cache is None else cache
+    if "modules" not in cache:
+        cache["modules"] = synced_modules(policy)
+    modules, bases = cache["modules"], cache.setdefault("base_columns", {})
     out: dict[str, tuple[Tensor, ...]] = {}
     with torch.no_grad():
         for name in names:
@@ -74,8 +78,13 @@ def expected(policy: Policy, names: tuple[str, ...], dtype: torch.dtype,
                 out[name] = (a.to(dtype).cpu(), (b.to(dtype) * module.scaling["default"]).cpu())
                 continue
             base = module.get_base_layer() if policy.lora else module
-            cols = torch.tensor(columns(base.weight.shape[1]))
-            value = full_columns(base.weight, cols).float()
+            cols = column_index(base.weight.shape[1])
+            if policy.lora:  # the base is frozen under LoRA: its columns once per run
+                if name not in bases:
+                    bases[name] = full_columns(base.weight, cols).float()
+                value = bases[name]
+            else:
+                value = full_columns(base.weight, cols).float()
             if policy.lora:
                 a = full_columns(module.lora_A["default"].weight, cols)
                 value = value + full(module.lora_B["default"].weight).float() @ a.float() * module.scaling["default"]
@@ -88,28 +97,32 @@ def differing(want: dict[str, tuple[Tensor, ...]], served: dict[str, tuple[Tenso
     """Per module read back, (elements that differ, elements read), merged weights compared in ``dtype``;
     a module whose read-back has another shape differs in all of them. Modules the sampler could not
     read are left out."""
-    out = {}
-    for name, mine in want.items():
-        theirs = served.get(name)
-        if theirs is None:
-            continue
-        if len(mine) == 1:
-            out[name] = _rounding_mismatch(mine[0], theirs[0], dtype)
-        else:
-            out[name] = tuple(map(sum, zip(*(_exact_mismatch(m, t) for m, t in zip(mine, theirs, strict=True)))))
+    out: dict[str, tuple[int, int]] = {}
+    merged = [n for n, mine in want.items() if n in served and len(mine) == 1]
+    same_shape = [n for n in merged if served[n][0].shape == want[n][0].shape]
+    out.update({n: (want[n][0].numel(), want[n][0].numel()) for n in merged if n not in same_shape})
+    if same_shape:  # one pass over all modules' elements: ~200 small modules a check
+        mine = torch.cat([want[n][0].flatten() for n in same_shape])
+        theirs = torch.cat([served[n][0].flatten().float() for n in same_shape])
+        sizes = [want[n][0].numel() for n in same_shape]
+        bad = _rounding_mismatch(mine, theirs, dtype)
+        out.update({n: (int(c), size) for n, c, size in zip(same_shape, torch.stack(
+            [part.sum() for part in bad.split(sizes)]).tolist(), sizes)})
+    for name, mine_ab in want.items():
+        if name in served and len(mine_ab) == 2:
+            pairs = [_exact_mismatch(m, t) for m, t in zip(mine_ab, served[name], strict=True)]
+            out[name] = (sum(p[0] for p in pairs), sum(p[1] for p in pairs))
     return out
 
 
-def _rounding_mismatch(want: Tensor, served: Tensor, dtype: torch.dtype) -> tuple[int, int]:
-    """Elements of ``served`` that are not ``want`` (fp32) rounded to ``dtype``."""
-    if served.shape != want.shape:
-        return want.numel(), want.numel()
+def _rounding_mismatch(want: Tensor, served: Tensor, dtype: torch.dtype) -> Tensor:
+    """Where ``served`` is not ``want`` (fp32) rounded to ``dtype`` (a bool tensor of want's shape)."""
     _, exponent = torch.frexp(want)  # |want| = m * 2^exponent, m in [0.5, 1); frexp(0) gives 0
     exponent = torch.where(want == 0, FP32_MIN_EXPONENT, exponent)  # 0 rounds to 0 in any dtype
-    step = torch.ldexp(torch.ones_like(want), exponent - 1 - MANTISSA_BITS.get(dtype, 23))
-    fp32_step = torch.ldexp(torch.ones_like(want), exponent - 1 - 23)
-    bad = (served.float() - want).abs() > 0.5 * step + 16 * fp32_step
-    return int(bad.sum()), want.numel()
+    # half a step of dtype plus 16 fp32 steps: 2^(e - 1 - p) / 2 + 16 * 2^(e - 24)
+    tol = torch.ldexp(torch.full_like(want, 0.5 + 16 * 2.0 ** (MANTISSA_BITS.get(dtype, 23) - 23)),
+                      exponent - 1 - MANTISSA_BITS.get(dtype, 23))
+    return (served.float() - want).abs() > tol
 
 
 def _exact_mismatch(want: Tensor, served: Tensor) -> tuple[int, int]:

@@ -84,6 +84,8 @@ class SyncCheck:
     """Modules a full read-back would compare (``modules`` is empty where the sampler cannot read)."""
     said: list[str] = field(default_factory=list)
     """Notes already given once in this run (a sampler that cannot read back what it serves)."""
+    cache: dict = field(default_factory=dict)
+    """The learner side's lookups kept between checks (rlft/served_weights.py: expected)."""
 
 
 def make_probe(tokenizer: Any, first_prompt: list[int]) -> Probe:
@@ -185,7 +187,7 @@ def _both_sides(check: SyncCheck, sampler: Sampler,
 
     def learner() -> tuple[Tensor, dict]:
         with torch.cuda.device(policy.device) if policy.device.type == "cuda" else contextlib.nullcontext():
-            want = expected(policy, check.modules, sampler.dtype, _adapter_served(sampler))
+            want = expected(policy, check.modules, sampler.dtype, _adapter_served(sampler), check.cache)
             return learner_logprobs(policy, check.probe), want
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-sync-check") as pool:

@@ -19,7 +19,7 @@ from rlft.models import build_policy
 from rlft.models.policy import Policy
 from rlft.samplers import build_sampler, sync_sampler
 from rlft.samplers.readback import columns
-from rlft.served_weights import _rounding_mismatch
+from rlft.served_weights import differing
 from rlft.sync_check import (
     PROMPT_TAIL,
     TOL_FP32,
@@ -234,15 +234,19 @@ def test_rounding_comparison_by_hand():
     """A served element passes when it is the learner's fp32 value rounded to the comparison dtype: a bf16
     learner's base under an fp32 engine (the model's fp32 files) passes at bf16, not at fp32; a weight
     that must be 0 is 0."""
+    def count(want, served, dtype):
+        return differing({"w": (want,)}, {"w": (served,)}, dtype)["w"]
+
     files = torch.tensor([[0.1234567, -0.7654321, 3.3e-3]])
     learner = files.to(torch.bfloat16).float()  # a bf16 learner holds its base rounded
-    assert _rounding_mismatch(learner, files, torch.bfloat16) == (0, 3)
-    assert _rounding_mismatch(learner, files, torch.float32) == (3, 3)
-    assert _rounding_mismatch(learner, files.to(torch.bfloat16), torch.bfloat16) == (0, 3)
+    assert count(learner, files, torch.bfloat16) == (0, 3)
+    assert count(learner, files, torch.float32) == (3, 3)
+    assert count(learner, files.to(torch.bfloat16), torch.bfloat16) == (0, 3)
     off = learner.to(torch.bfloat16).view(torch.int16) + torch.tensor([[1, 0, -1]], dtype=torch.int16)
-    assert _rounding_mismatch(learner, off.view(torch.bfloat16), torch.bfloat16) == (2, 3)  # one bf16 step
+    assert count(learner, off.view(torch.bfloat16), torch.bfloat16) == (2, 3)  # one bf16 step
     zero = torch.zeros(1, 2)
-    assert _rounding_mismatch(zero, torch.tensor([[0.0, 1e-3]]), torch.bfloat16) == (1, 2)
+    assert count(zero, torch.tensor([[0.0, 1e-3]]), torch.bfloat16) == (1, 2)
+    assert count(zero, torch.zeros(2, 1), torch.bfloat16) == (2, 2)  # another shape: all differ
 
 
 def test_lora_on_an_embedding_leaves_it_to_the_probe():

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from rlft.samplers.base import Generations, SamplingParams, completion_seeds
-from rlft.samplers.readback import columns
+from rlft.samplers.readback import column_index
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
@@ -172,7 +172,7 @@ class HFSampler:
         out = {}
         for name in names:
             w = self.model.get_submodule(name).weight
-            out[name] = (w.index_select(1, torch.tensor(columns(w.shape[1]), device=w.device)).cpu(),)
+            out[name] = (w.index_select(1, column_index(w.shape[1], w.device)).cpu(),)
         return out
 
     def load_adapter(self, model: Any) -> None:
