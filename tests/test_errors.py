@@ -105,7 +105,9 @@ def test_no_import_circles():
     module_level, with_inner, counts = _import_stats().report(ROOT)
     assert module_level == []
     assert with_inner == []  # nor when the imports inside functions count
-    assert sum(counts.values()) < 60  # most in-function imports existed to dodge circles
+    # Most in-function imports existed to dodge circles; those left keep torch and transformers out of the
+    # CLI's start (rlft.cli, rlft.app, the rm and check commands: 28 of them) or import optional libraries.
+    assert sum(counts.values()) < 66
 
 
 def test_import_stats_finds_a_circle(tmp_path):

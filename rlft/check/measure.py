@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlft import failure
+from rlft.algorithms.advantages import soft_overlong_penalty
 from rlft.batch import RolloutBatch, pack
 from rlft.check.report import Report, distribution, equal_groups, lengths, share
 from rlft.check.verdicts import verdicts
@@ -142,7 +143,6 @@ def _shaped(c: Components, cfg: Config, raw: torch.Tensor, num_tokens: list[int]
             per_name: dict[str, list[float]]) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """What the step trains on, as the rollout makes it: the total whitened and clipped (reward.normalize,
     reward.clip), plus DAPO's soft overlong punishment; and the punishment's own scores by name."""
-    from rlft.algorithms.advantages import soft_overlong_penalty
 
     scores, _ = shape_rewards(raw.clone(), c.state.reward_moments, cfg.reward.normalize, cfg.reward.clip)
     extra: dict[str, list[float]] = {}

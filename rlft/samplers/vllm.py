@@ -13,6 +13,7 @@ from rlft.console import quiet, verbose
 from rlft.distributed import launched
 from rlft.errors import ConfigError
 from rlft.samplers.base import Generations, SamplingParams, scratch_dir
+from rlft.samplers.readback import vllm_adapter_weights, vllm_linear_columns
 from rlft.sharding import full_named, is_sharded
 
 if TYPE_CHECKING:
@@ -124,8 +125,6 @@ class VLLMSampler:
         """What the engine serves of the named modules (rlft/samplers/readback.py): the synced adapter's
         (A, B) once one is served, else columns of each linear weight; nothing under tensor parallelism
         (each worker holds a slice: the probe alone checks those syncs)."""
-        from rlft.samplers.readback import vllm_adapter_weights, vllm_linear_columns
-
         if self.tensor_parallel > 1:
             return {}
         self._wake()
