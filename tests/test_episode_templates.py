@@ -258,6 +258,7 @@ def test_cli_refuses_a_tool_message_that_the_template_refuses_and_runs_with_tool
     assert m["step"] == 1 and "episode/tool_calls" in m
 
 
+@pytest.mark.slow  # a whole training run (~40 s): the refusal tests above stay in make test
 def test_cli_runs_episodes_under_a_chatml_template(tmp_path, models):
     proc = run_cli(["train", *RUN, f"model.path={models['chatml']}", "episode.env=tests.envs:TwoTurnEnv",
                     "reward.fns=[env_reward]", "hydra.run.dir=run"], tmp_path)
