@@ -52,9 +52,9 @@ def synced_modules(policy: Policy) -> dict[str, Any]:
             if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")}
 
 
-def compare_dtype(policy: Policy, sampler_dtype: torch.dtype) -> torch.dtype:
-    """The coarser of the sampler's dtype and the dtype the learner holds the synced weights in."""
-    held = next((m.get_base_layer() if policy.lora else m for m in synced_modules(policy).values()), None)
+def compare_dtype(policy: Policy, modules: dict[str, Any], sampler_dtype: torch.dtype) -> torch.dtype:
+    """The coarser of the sampler's dtype and the dtype the learner holds the synced ``modules`` in."""
+    held = next((m.get_base_layer() if policy.lora else m for m in modules.values()), None)
     dtypes = [sampler_dtype] + ([held.weight.dtype] if held is not None else [])
     return min(dtypes, key=lambda d: MANTISSA_BITS.get(d, 23))
 
@@ -77,17 +77,16 @@ def expected(policy: Policy, names: tuple[str, ...], dtype: torch.dtype, adapter
                 a, b = full(module.lora_A["default"].weight), full(module.lora_B["default"].weight)
                 out[name] = (a.to(dtype).cpu(), (b.to(dtype) * module.scaling["default"]).cpu())
                 continue
-            base = module.get_base_layer() if policy.lora else module
+            if not policy.lora:
+                cols = column_index(module.weight.shape[1])
+                out[name] = (full_columns(module.weight, cols).float().cpu(),)
+                continue
+            base = module.get_base_layer()
             cols = column_index(base.weight.shape[1])
-            if policy.lora:  # the base is frozen under LoRA: its columns once per run
-                if name not in bases:
-                    bases[name] = full_columns(base.weight, cols).float()
-                value = bases[name]
-            else:
-                value = full_columns(base.weight, cols).float()
-            if policy.lora:
-                a = full_columns(module.lora_A["default"].weight, cols)
-                value = value + full(module.lora_B["default"].weight).float() @ a.float() * module.scaling["default"]
+            if name not in bases:  # the base is frozen under LoRA: its columns once per run
+                bases[name] = full_columns(base.weight, cols).float()
+            a = full_columns(module.lora_A["default"].weight, cols)
+            value = bases[name] + full(module.lora_B["default"].weight).float() @ a.float() * module.scaling["default"]
             out[name] = (value.cpu(),)
     return out
 

@@ -82,8 +82,8 @@ class SyncCheck:
     """The dtype merged weights are compared in: the coarser of the sampler's and the learner's."""
     synced: int = 0
     """Modules a full read-back would compare (``modules`` is empty where the sampler cannot read)."""
-    said: list[str] = field(default_factory=list)
-    """Notes already given once in this run (a sampler that cannot read back what it serves)."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """What the run keeps to say once: the first read-back failure ("read_error"), and that it was said."""
     cache: dict = field(default_factory=dict)
     """The learner side's lookups kept between checks (rlft/served_weights.py: expected)."""
 
@@ -120,9 +120,9 @@ def build_check(cfg: Config, policy: Policy, sampler: Sampler, task: Task) -> Sy
     where = f"sampler={resolve_sampler_name(cfg.sampler.name)}, sync={sync_mode(sampler, policy)}"
     # Under tensor parallelism each vLLM worker holds a slice of every layer: nothing to read back whole.
     readable = getattr(sampler, "tensor_parallel", 1) == 1
-    synced = tuple(synced_modules(policy))
-    return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where, synced if readable else (),
-                     compare_dtype(policy, sampler.dtype), len(synced))
+    synced = synced_modules(policy)
+    return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where, tuple(synced) if readable else (),
+                     compare_dtype(policy, synced, sampler.dtype), len(synced), cache={"modules": synced})
 
 
 def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
@@ -205,7 +205,7 @@ def _read_served(check: SyncCheck, sampler: Sampler) -> dict[str, tuple[Tensor, 
     try:
         return sampler.read_served(list(check.modules))
     except (AttributeError, KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
-        check.said.append(f"read-back failed: {type(e).__name__}: {e}")
+        check.notes.setdefault("read_error", f"read-back failed: {type(e).__name__}: {e}")
         return {}
 
 
@@ -279,10 +279,10 @@ def _note_unread(check: SyncCheck, metrics: dict[str, float], dp: DataParallel,
     checks them (vLLM under tensor parallelism, or an engine whose internals the read-back does not know)."""
     total = check.synced
     read = int(metrics["sync/weights_read"])
-    if read >= total or "unread" in check.said:
+    if read >= total or "said" in check.notes:
         return
-    why = next((s for s in check.said if s.startswith("read-back failed")), "")
-    check.said.append("unread")
+    why = check.notes.get("read_error", "")
+    check.notes["said"] = "yes"
     if dp.main:
         (warn or _to_stderr)(f"sync check ({check.where}): the served weights of {total - read} of {total} synced "
                              f"modules cannot be read back{' (' + why + ')' if why else ''}; the probe alone checks "
