@@ -249,6 +249,20 @@ def test_rounding_comparison_by_hand():
     assert count(zero, torch.zeros(2, 1), torch.bfloat16) == (2, 2)  # another shape: all differ
 
 
+def test_full_fine_tuning_compares_every_linear_layer():
+    """Without LoRA the read-back compares every linear weight but the LM head: a push that delivers nothing
+    after an update differs in all 14, the honest push in none."""
+    torch.manual_seed(0)
+    _, policy, sampler, check = _setup(FP32 + ["model.lora.enabled=false"])
+    assert len(check.modules) == 14 and not any("lm_head" in n for n in check.modules)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    assert measure(check, sampler, policy)["sync/weights_differ"] == 14
+    sync_sampler(sampler, policy)
+    assert measure(check, sampler, policy)["sync/weights_differ"] == 0
+
+
 def test_lora_on_an_embedding_leaves_it_to_the_probe():
     """peft's LoRA embedding has no lora_A linear: the read-back compares the linear targets only (it
     raised KeyError before). The tiny model ties its embedding to the LM head, so the merged sync also
