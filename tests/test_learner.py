@@ -266,3 +266,18 @@ def test_rollout_corrections_weight_the_policy_loss(tiny, mode):
     kl = torch.exp(d) - d - 1
     want_loss = float(((-batch.advantages * weight + 0.04 * kl) * mask).sum() / mask.sum())
     assert float(loss) == pytest.approx(want_loss, abs=1e-4)
+
+
+@pytest.mark.parametrize("targets", ["[q_proj,v_proj]", "[embed_tokens,q_proj]"])
+def test_the_optimizer_holds_every_weight_the_adapter_trains(targets):
+    """LoRA on an embedding too: peft names its weights lora_embedding_A.default (no '.default.'), which
+    the optimizer left out, so that adapter never trained."""
+    from rlft.learner import build_optimizer
+
+    cfg, _, _ = compose([*TINY, "sampler=hf", f"model.lora.target_modules={targets}"])
+    policy, _ = build_policy(cfg.model, 0, need_reference=False)
+    opt, _ = build_optimizer(policy, cfg, 10)
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    trained = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
+    assert trained and all(id(p) in held for p in trained.values()), [n for n, p in trained.items() if id(p) not in held]
+    assert len(held) == len(trained)

@@ -56,7 +56,10 @@ class Policy:
     def trainable_parameters(self) -> list[Tensor]:
         """The policy's own trainable weights (under LoRA: the default adapter, not a critic's)."""
         if self.lora:
-            return [p for n, p in self.model.named_parameters() if "lora_" in n and ".default." in n]
+            # ".default." inside linear layers' names (lora_A.default.weight), ".default" at the end of an
+            # embedding's (lora_embedding_A.default): its adapter was left out of the optimizer before.
+            return [p for n, p in self.model.named_parameters()
+                    if "lora_" in n and (".default." in n or n.endswith(".default"))]
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def sampler_weights(self) -> Iterator[tuple[str, Tensor]]:
