@@ -261,8 +261,8 @@ def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
         values = np.array([v for r in rounds for v in r.per_fn[name]], dtype=float)
         if not np.isnan(values).all():
             out[f"reward/{name}"] = float(np.mean(values[~np.isnan(values)]))
-    for name in rounds[0].counts:
-        out[f"reward/{name}_frac"] = sum(r.counts[name] for r in rounds) / len(lengths)
+    for name in dict.fromkeys(k for r in rounds for k in r.counts):
+        out[f"reward/{name}_frac"] = sum(r.counts.get(name, 0) for r in rounds) / len(lengths)
     if isinstance(rounds[0].gens, Episodes):
         out.update(_episode_metrics([r.gens for r in rounds]))
     return out

@@ -88,6 +88,15 @@ def sleeps_on_first(prompt: str, completion: str, answer: str, **info) -> float:
     return 1.0
 
 
+def hangs_on_odd_length(prompt: str, completion: str, answer: str, **info) -> float:
+    """Hangs (sleeps 60 s) on completions of odd length; scores the others by their length."""
+    import time
+
+    if len(completion) % 2:
+        time.sleep(60)
+    return len(completion) / 10.0
+
+
 def hangs(prompt: str, completion: str, answer: str, **info) -> float:
     """A reward that never returns in time."""
     import time

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from rlft.rewards import RewardError, score_samples
@@ -77,8 +79,24 @@ def test_a_hanging_reward_scores_on_timeout_and_the_rest_are_scored():
     from rlft.rewards.calls import CallPolicy
 
     t0 = time.perf_counter()
-    totals, _ = score_samples(["tests.helpers:sleeps_on_first"], [1.0], _hang_samples(), 8, CallPolicy(2, 1.0, -0.5))
+    counted: Counter[str] = Counter()
+    totals, _ = score_samples(["tests.helpers:sleeps_on_first"], [1.0], _hang_samples(), 8, CallPolicy(2, 1.0, -0.5),
+                              counted)
     assert totals == [-0.5, 1.0, 1.0, 1.0] and time.perf_counter() - t0 < 3.0
+    assert counted == {"tests.helpers:sleeps_on_first": 1}
+
+
+def test_a_function_scorer_counts_its_timed_out_samples_once():
+    """reward/<name>/timed_out_frac's count: the samples scored on_timeout, taken once; none logged without
+    on_timeout (a timeout then ends the run)."""
+    from rlft.rewards.calls import CallPolicy
+    from rlft.rewards.scorer import FunctionScorer
+
+    scorer = FunctionScorer("tests.helpers:sleeps_on_first", 1.0, 8, CallPolicy(2, 1.0, 0.0))
+    assert scorer.take_counts() == {"timed_out": 0}
+    assert scorer.score(_hang_samples()) == [0.0, 1.0, 1.0, 1.0]
+    assert scorer.take_counts() == {"timed_out": 1} and scorer.take_counts() == {"timed_out": 0}
+    assert FunctionScorer("tests.helpers:char_count", 1.0, 8, CallPolicy(2, 1.0)).take_counts() == {}
 
 
 def test_pool_gives_the_same_scores_and_errors_as_in_process():
@@ -110,7 +128,8 @@ def test_cli_hanging_reward_ends_the_run_in_one_line(tmp_path):
 def test_a_hanging_batched_reward_scores_on_timeout_for_every_completion():
     from rlft.rewards.calls import CallPolicy
 
-    totals, _ = score_samples(["tests.helpers:hangs_batched"], [1.0], SAMPLES, 32, CallPolicy(0, 1.0, -0.5))
-    assert totals == [-0.5] * len(SAMPLES)
+    counted: Counter[str] = Counter()
+    totals, _ = score_samples(["tests.helpers:hangs_batched"], [1.0], SAMPLES, 32, CallPolicy(0, 1.0, -0.5), counted)
+    assert totals == [-0.5] * len(SAMPLES) and counted == {"tests.helpers:hangs_batched": len(SAMPLES)}
     with pytest.raises(RewardError, match="did not return within reward.timeout_s=1 s on a batch of 7 completions"):
         score_samples(["tests.helpers:hangs_batched"], [1.0], SAMPLES, 32, CallPolicy(0, 1.0))

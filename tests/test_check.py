@@ -102,6 +102,22 @@ def test_tools_never_called():
     assert "turn_suffix" in r.rendering
 
 
+def test_reward_calls_that_time_out_are_counted_and_named(eos_model):
+    """A reward that hangs on odd-length replies, scored reward.on_timeout: the signal's timed-out share is
+    the share of those replies, and a verdict names the function."""
+    r = _check("model=local", f"model.path={eos_model}", "sampler.max_new_tokens=16",
+               "reward.fns=[tests.helpers:hangs_on_odd_length]", "reward.weights=[1]", "reward.timeout_s=1",
+               "reward.on_timeout=-1", "reward.num_workers=4")
+    share, name = r.signal["timed_out_share"], "tests.helpers:hangs_on_odd_length"
+    assert 0 < share < 1 and r.signal["events"][f"{name}/timed_out"] == round(share * r.run["samples"])
+    assert r.signal["scorers"][name]["min"] == -1.0  # what the timed-out ones scored
+    (v,) = [v for v in r.verdicts if v.key == "reward_timed_out"]
+    assert not v.blocks and "tests.helpers:hangs_on_odd_length timed out or died on" in v.message
+    assert "reward.timeout_s" in v.fix
+    assert any(k == "timed out" and "of reward function scores" in text for _, k, text in rows(r))
+    assert _check("reward.fns=[tests.helpers:char_count]", "reward.weights=[1]").signal["timed_out_share"] is None
+
+
 def test_a_template_without_a_generation_prompt(tmp_path):
     from rlft.models.loading import load_base
 

@@ -131,7 +131,7 @@ def _sync_check(c: Components, when: str) -> dict[str, Any]:
         return {"passed": False, "message": str(e)}
     if not metrics:
         return {"off": True}
-    out: dict[str, Any] = {"passed": not warned, "logp_abs_diff_mean": metrics["sync/logp_abs_diff_mean"],
+    out: dict[str, Any] = {"passed": not warned, "logp_abs_diff_mean": metrics.get("sync/logp_abs_diff_mean"),
                            "weights_read": int(metrics["sync/weights_read"]),
                            "weights_differ": int(metrics["sync/weights_differ"]), "seconds": metrics["time/sync_check_s"]}
     if warned:
@@ -193,6 +193,9 @@ def _signal(cfg: Config, per_name: dict[str, list[float]], totals: list[float], 
         "learns_from_zero_advantages": cfg.algo.learns_from_zero_advantages,
         "dynamic_sampling": cfg.algo.dynamic_sampling,
         "unscored_share": share(sum(math.isnan(t) for t in totals), n),
+        "timed_out_share": share(sum(v for k, v in counts.items() if k.endswith("/timed_out")),
+                                 n * len(cfg.reward.fns))
+        if cfg.reward.on_timeout is not None else None,
         "events": {k: v for k, v in counts.items()},
         "events_share": {k: share(v, n) for k, v in counts.items()},
         "update_skipped": bool(update["update/skipped"]),

@@ -66,6 +66,9 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
     out.append(("signal", "groups carrying a gradient", f"{s['groups_with_gradient']} of {s['groups']}"
                 + (" (the update was skipped: nothing to learn)" if s["update_skipped"] else "")))
     out.append(("signal", "unscored", f"{s['unscored_share']:.0%}"))
+    out.append(("signal", "timed out", "reward.on_timeout unset: a reward call past reward.timeout_s stops the run"
+                if s.get("timed_out_share") is None else f"{s['timed_out_share']:.0%} of reward function "
+                "scores (one per reply and function) were reward.on_timeout's"))
     for key, count in s["events"].items():
         out.append(("signal", f"reward/{key}", f"{count} of {s['total']['count']}"))
     pt = ln["prompt_tokens"]
@@ -104,8 +107,9 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
         if sc.get("off"):
             text = "off (sampler.sync_check=off)"
         elif sc.get("passed"):
-            text = (f"passed: log-prob diff {sc['logp_abs_diff_mean']:.2g}, {sc['weights_differ']} of "
-                    f"{sc['weights_read']} served weights differ ({sc['seconds']:.2f} s)")
+            probe = sc.get("logp_abs_diff_mean")
+            text = (f"passed: log-prob diff {'not probed (sampler.sync_probe_every)' if probe is None else f'{probe:.2g}'}"
+                    f", {sc['weights_differ']} of {sc['weights_read']} served weights differ ({sc['seconds']:.2f} s)")
         else:
             text = f"FAILED: {sc.get('message', '')}"
         out.append(("cost", f"sync check {when}", text))

@@ -80,6 +80,11 @@ def _scorers(r: Report) -> list[Verdict]:
                                f"(reward/{name}): those replies are unscored by it",
                                "raise the judge's max_new_tokens, give it a template whose format it follows "
                                "(score_format, kind=verdict), or a larger judge model"))
+        elif event == "timed_out":
+            out.append(Verdict("reward_timed_out", False, f"reward function {name} timed out or died on {count} of "
+                               f"{n} replies, which scored reward.on_timeout instead of their reward",
+                               "raise reward.timeout_s, or make the function faster (reward.num_workers runs calls "
+                               "side by side)"))
         elif event in ("too_long", "truncated"):
             out.append(Verdict(f"reward_model_{event}", False, f"the reward model {name} "
                                f"{'could not read' if event == 'too_long' else 'read only the end of'} {count} of {n} "

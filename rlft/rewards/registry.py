@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,13 +69,15 @@ class Sample:
 
 def score_samples(
     names: Sequence[str], weights: Sequence[float], samples: Sequence[Sample], max_new_tokens: int,
-    policy: CallPolicy = IN_PROCESS,
+    policy: CallPolicy = IN_PROCESS, timed_out: Counter[str] | None = None,
 ) -> tuple[list[float], dict[str, list[float]]]:
     """Weighted sum of reward functions over samples.
 
     Args:
         policy: Where the calls run and their time limit (``reward.num_workers``, ``reward.timeout_s``,
             ``reward.on_timeout``).
+        timed_out: Where to count, by function name, the samples scored ``reward.on_timeout`` because their
+            call ran past the limit or its worker died (a batched call that did counts all its samples).
 
     Returns:
         The total reward per sample, and each function's raw scores by name. A None score is NaN in
@@ -89,9 +92,14 @@ def score_samples(
     per_fn: dict[str, list[float]] = {}
     for name, fn in zip(names, fns):
         if is_batched(fn):
-            per_fn[name] = _call_batched(name, fn, samples, max_new_tokens, policy)
+            values = _call_batched(name, fn, samples, max_new_tokens, policy)
         else:
-            per_fn[name] = _call_each(name, fn, samples, max_new_tokens, policy)
+            values = _call_each(name, fn, samples, max_new_tokens, policy)
+        lost = sum(v is _TIMED_OUT for v in values)
+        if timed_out is not None and lost:
+            timed_out[name] += lost
+        per_fn[name] = [_number(name, policy.on_timeout if v is _TIMED_OUT else v, i, s)
+                        for i, (v, s) in enumerate(zip(values, samples))]
     totals = []
     for i in range(len(samples)):
         scored = [w * per_fn[n][i] for n, w in zip(names, weights) if not math.isnan(per_fn[n][i])]
@@ -107,8 +115,13 @@ def is_batched(fn: RewardFn) -> bool:
         return False
 
 
+# What a call that timed out or died returns under reward.on_timeout, so that such samples are counted
+# (the trainer logs their share) before they score the configured value.
+_TIMED_OUT = object()
+
+
 def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int,
-                  policy: CallPolicy) -> list[float]:
+                  policy: CallPolicy) -> list[Any]:
     names = dict.fromkeys(k for s in samples for k in s.columns)
     kwargs = dict({k: [s.columns.get(k) for s in samples] for k in names},
                   prompts=[s.prompt for s in samples], completions=[s.completion for s in samples],
@@ -116,7 +129,7 @@ def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_to
                   truncated=[s.truncated for s in samples], max_new_tokens=max_new_tokens)
     where = f"a batch of {len(samples)} completions (first: {_short(samples[0].completion)})"
     try:
-        values: Any = run_calls(fn, [((), kwargs)], policy, timed_out=[policy.on_timeout] * len(samples))[0]
+        values: Any = run_calls(fn, [((), kwargs)], policy, timed_out=[_TIMED_OUT] * len(samples))[0]
     except CallFailed as e:
         raise RewardError(f"reward function '{name}' raised {describe(e.error)} on {where}") from None
     except CallTimeout:
@@ -127,16 +140,16 @@ def _call_batched(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_to
         got = f"{len(values)} values" if isinstance(values, Sequence) else repr(values)[:60]
         raise RewardError(f"reward function '{name}' (batched) returned {got} for {len(samples)} completions; "
                           "return one number per completion")
-    return [_number(name, v, i, s) for i, (v, s) in enumerate(zip(values, samples))]
+    return list(values)
 
 
 def _call_each(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_tokens: int,
-               policy: CallPolicy) -> list[float]:
+               policy: CallPolicy) -> list[Any]:
     calls = [((s.prompt, s.completion, s.answer),
               {**s.columns, "num_tokens": s.num_tokens, "truncated": s.truncated, "max_new_tokens": max_new_tokens})
              for s in samples]
     try:
-        values = run_calls(fn, calls, policy, timed_out=policy.on_timeout)
+        values = run_calls(fn, calls, policy, timed_out=_TIMED_OUT)
     except CallFailed as e:
         raise RewardError(f"reward function '{name}' raised {describe(e.error)} on {_where(e.index, samples[e.index])}"
                           ) from None
@@ -144,7 +157,7 @@ def _call_each(name: str, fn: RewardFn, samples: Sequence[Sample], max_new_token
         raise RewardError(_timeout_message(name, policy, _where(e.index, samples[e.index]))) from None
     except CallDied as e:
         raise RewardError(_died_message(name, e, _where(e.index, samples[e.index]))) from None
-    return [_number(name, v, i, s) for i, (v, s) in enumerate(zip(values, samples))]
+    return values
 
 
 def _timeout_message(name: str, policy: CallPolicy, where: str) -> str:

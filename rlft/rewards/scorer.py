@@ -14,6 +14,7 @@ that learns to please the model without getting answers right shows as the two c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -53,12 +54,17 @@ class FunctionScorer:
     max_new_tokens: int
     policy: CallPolicy = IN_PROCESS
     kind: str = "function"
+    _timed_out: Counter[str] = field(default_factory=Counter, repr=False)
 
     def score(self, samples: Sequence[Sample]) -> list[float]:
-        return score_samples([self.name], [1.0], samples, self.max_new_tokens, self.policy)[1][self.name]
+        return score_samples([self.name], [1.0], samples, self.max_new_tokens, self.policy,
+                             self._timed_out)[1][self.name]
 
     def take_counts(self) -> dict[str, int]:
-        return {}
+        """``timed_out``: samples scored ``reward.on_timeout`` since the last call (only with it set: without
+        it such a call ends the run)."""
+        n, self._timed_out = self._timed_out[self.name], Counter()
+        return {} if self.policy.on_timeout is None else {"timed_out": n}
 
     def describe(self) -> str:
         return f"{self.weight:g} x {self.name}"
