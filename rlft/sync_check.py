@@ -27,10 +27,11 @@ import torch
 from torch import Tensor
 
 from rlft.batch import RolloutBatch, pack
+from rlft.config.schemas import SamplerConfig
 from rlft.config.validation import resolve_sampler_name
 from rlft.data.chat import problem_ids
 from rlft.distributed import SINGLE, DataParallel
-from rlft.errors import SyncError
+from rlft.errors import ConfigError, SyncError
 from rlft.logprobs import token_logprobs
 from rlft.served_weights import compare_dtype, differing, expected, synced_modules
 
@@ -85,7 +86,12 @@ class SyncCheck:
     notes: dict[str, str] = field(default_factory=dict)
     """What the run keeps to say once: the first read-back failure ("read_error"), and that it was said."""
     cache: dict = field(default_factory=dict)
-    """The learner side's lookups kept between checks (rlft/served_weights.py: expected)."""
+    """The learner side's lookups kept between checks (rlft/served_weights.py: expected), the checks run so
+    far ("checks") and whether a read-back failed ("probe_always")."""
+    covered: bool = False
+    """Whether the read-back covers every weight the learner trains (then the probe may skip checks)."""
+    probe_every: int = 1
+    """sampler.sync_probe_every: under ``covered``, the probe runs at the first check and every N-th after."""
 
 
 def make_probe(tokenizer: Any, first_prompt: list[int]) -> Probe:
@@ -121,8 +127,26 @@ def build_check(cfg: Config, policy: Policy, sampler: Sampler, task: Task) -> Sy
     # Under tensor parallelism each vLLM worker holds a slice of every layer: nothing to read back whole.
     readable = getattr(sampler, "tensor_parallel", 1) == 1
     synced = synced_modules(policy)
+    covered = readable and covers_training(policy, synced)
+    every = cfg.sampler.sync_probe_every
+    # (the default and 1 say nothing a setup without the cover contradicts; another value would do nothing)
+    if not covered and every not in (1, SamplerConfig.sync_probe_every) and cfg.sampler.sync_check != "off":
+        raise ConfigError(f"sampler.sync_probe_every={every} does nothing here: the read-back does not cover every "
+                          f"weight the learner trains ({where}{'' if readable else ', tensor parallel'}, "
+                          f"{'LoRA on ' + ', '.join(cfg.model.lora.target_modules) if policy.lora else 'full fine-tuning'}), "
+                          "so the probe runs at every check; drop it")
     return SyncCheck(probe, cfg.sampler.sync_check, tol, source, where, tuple(synced) if readable else (),
-                     compare_dtype(policy, synced, sampler.dtype), len(synced), cache={"modules": synced})
+                     compare_dtype(policy, synced, sampler.dtype), len(synced), cache={"modules": synced},
+                     covered=covered, probe_every=every)
+
+
+def covers_training(policy: Policy, synced: dict[str, Any]) -> bool:
+    """Whether every weight the learner trains is one the read-back compares: the LoRA A and B of linear
+    layers (not full fine-tuning's norms, embeddings and LM head, nor LoRA on an embedding)."""
+    if not policy.lora:
+        return False
+    read = {id(p) for m in synced.values() for p in (m.lora_A["default"].weight, m.lora_B["default"].weight)}
+    return all(id(p) in read for p in policy.trainable_parameters())
 
 
 def learner_logprobs(policy: Policy, probe: Probe) -> Tensor:
@@ -155,46 +179,94 @@ def measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel
 def _measure(check: SyncCheck, sampler: Sampler, policy: Policy, dp: DataParallel) -> tuple[dict[str, float], str]:
     """:func:`measure`'s metrics and the differing modules on this rank, for the message."""
     t0 = time.perf_counter()
+    probe = _probe_due(check)
     with one_cpu_thread(policy.device):
-        (mine, want), theirs, served = _both_sides(check, sampler, policy)
-    diff = (mine - torch.tensor(theirs, dtype=torch.float32)).abs()
-    # A NaN anywhere must fail the check: nan_to_num maps it to +inf, which no tolerance passes.
-    diff = torch.nan_to_num(diff, nan=math.inf)
-    counts = differing(want, served, check.compare)
-    bad = {name: c for name, c in counts.items() if c[0] > 0}
-    ranks = dp.all_gather((diff.mean().item(), diff.max().item(), len(counts), len(bad)))
+        diff, counts = _both_sides(check, sampler, policy, dp) if probe else (None, _read_back(check, sampler, policy))
+        bad = {name: c for name, c in counts.items() if c[0] > 0}
+        ranks = dp.all_gather((_stats(diff), len(counts), len(bad)))
+        if not probe and min(r[1] for r in ranks) < check.synced:
+            # A read-back failed on some rank: the probe checks now and at every check from here on.
+            check.cache["probe_always"] = True
+            diff = _probe_diff(learner_logprobs(policy, check.probe), sampler.score(*_tokens(check)))
+            ranks = dp.all_gather((_stats(diff), len(counts), len(bad)))
     metrics = {
-        "sync/logp_abs_diff_mean": sum(r[0] for r in ranks) / len(ranks),
-        "sync/logp_abs_diff_max": max(r[1] for r in ranks),
-        "sync/weights_read": float(min(r[2] for r in ranks)),
-        "sync/weights_differ": float(max(r[3] for r in ranks)),
+        "sync/weights_read": float(min(r[1] for r in ranks)),
+        "sync/weights_differ": float(max(r[2] for r in ranks)),
         "time/sync_check_s": time.perf_counter() - t0,
     }
+    if ranks[0][0] is not None:
+        metrics["sync/logp_abs_diff_mean"] = sum(r[0][0] for r in ranks) / len(ranks)
+        metrics["sync/logp_abs_diff_max"] = max(r[0][1] for r in ranks)
     detail = ", ".join(f"{name} ({n} of {total} read elements)" for name, (n, total) in list(bad.items())[:3])
     return metrics, detail
 
 
-def _both_sides(check: SyncCheck, sampler: Sampler,
-                policy: Policy) -> tuple[tuple[Tensor, dict], list[float], dict[str, tuple[Tensor, ...]]]:
-    """The learner's side (the probe's log-probs and the weights it expects served) and the sampler's (its
-    log-probs of the probe, then its read-back, after the probe's request has made a served adapter
-    active), computed at the same time: the learner's in a fresh thread, the sampler's in this one (its
-    engine may expect the main thread). Each probe pass is one ~30-token forward on one CPU thread, so
-    two cores run them side by side (SmolLM2 bf16, one thread each: hf 0.215 -> 0.136 s, vLLM 0.204 ->
-    0.156 s; the GIL serialises only their Python parts). A fresh thread takes the thread count set now
-    (torch reads it at a thread's first parallel op); on CUDA it needs the learner's device made current
-    (a new thread starts on cuda:0)."""
+def _probe_due(check: SyncCheck) -> bool:
+    """Whether this check runs the probe: always where the read-back leaves trained weights unread (or
+    failed once); else at the first check and every ``probe_every``-th. Every rank counts alike. Where the
+    read-back covers them, a missed or partial sync shows there exactly, and the probe's log-probs measure
+    what no sync changes (kernels, dtype, the chat template's tokens)."""
+    n = check.cache.get("checks", 0)
+    check.cache["checks"] = n + 1
+    # (a count kept in the check: it restarts at a resume, whose first check then runs the probe)
+    return not check.covered or check.cache.get("probe_always", False) or n % check.probe_every == 0
 
-    def learner() -> tuple[Tensor, dict]:
+
+def _tokens(check: SyncCheck) -> tuple[list[int], list[int]]:
+    return check.probe.prompt, check.probe.completion
+
+
+def _probe_diff(mine: Tensor, theirs: list[float]) -> Tensor:
+    diff = (mine - torch.tensor(theirs, dtype=torch.float32)).abs()
+    # A NaN anywhere must fail the check: nan_to_num maps it to +inf, which no tolerance passes.
+    return torch.nan_to_num(diff, nan=math.inf)
+
+
+def _stats(diff: Tensor | None) -> tuple[float, float] | None:
+    return None if diff is None else (diff.mean().item(), diff.max().item())
+
+
+def _read_back(check: SyncCheck, sampler: Sampler, policy: Policy) -> dict[str, tuple[int, int]]:
+    """The read-back alone (a check without the probe). A served adapter is loaded by the engine on its
+    first request after a sync, so one one-token request makes it active first (the next rollout would
+    have loaded it)."""
+    if _adapter_served(sampler):
+        sampler.score(check.probe.prompt[-1:], check.probe.completion[:1])
+    wanted = expected(policy, check.modules, sampler.dtype, _adapter_served(sampler), check.cache)
+    return differing(wanted, _read_served(check, sampler), check.compare)
+
+
+def _both_sides(check: SyncCheck, sampler: Sampler, policy: Policy,
+                dp: DataParallel) -> tuple[Tensor, dict[str, tuple[int, int]]]:
+    """The probe's |learner - sampler| log-prob per token, and per synced module read back (elements that
+    differ, elements read). The learner's forward runs in a fresh thread while this one (the sampler's
+    engine may expect the main thread) scores the probe, reads back what the sampler serves (after the
+    probe's request has made a served adapter active), computes what the learner expects served and
+    compares. Each probe pass is one ~30-token forward on one CPU thread, so two cores run them side by
+    side (SmolLM2 bf16, one thread each: hf 0.215 -> 0.136 s, vLLM 0.204 -> 0.156 s; the GIL serialises
+    only their Python parts). The learner's LoRA forward is the longer side (SmolLM2 hf bf16: 145 ms
+    against the sampler's 65 + 16 ms read-back), so the expected weights and the comparison (10 + 14 ms)
+    ride on the shorter one; over several ranks they stay in the learner's thread before its forward,
+    because under FSDP2 both gather and every rank must call collectives in one order. A fresh thread
+    takes the thread count set now (torch reads it at a thread's first parallel op); on CUDA it needs the
+    learner's device made current (a new thread starts on cuda:0)."""
+    adapter = _adapter_served(sampler)
+
+    def want() -> dict[str, tuple[Tensor, ...]]:
+        return expected(policy, check.modules, sampler.dtype, adapter, check.cache)
+
+    def learner() -> tuple[Tensor, dict | None]:
         with torch.cuda.device(policy.device) if policy.device.type == "cuda" else contextlib.nullcontext():
-            want = expected(policy, check.modules, sampler.dtype, _adapter_served(sampler), check.cache)
-            return learner_logprobs(policy, check.probe), want
+            wanted = want() if dp.active else None
+            return learner_logprobs(policy, check.probe), wanted
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlft-sync-check") as pool:
         mine = pool.submit(learner)
-        theirs = sampler.score(check.probe.prompt, check.probe.completion)
+        theirs = sampler.score(*_tokens(check))
         served = _read_served(check, sampler)
-        return mine.result(), theirs, served
+        counts = None if dp.active else differing(want(), served, check.compare)
+        logp, wanted = mine.result()
+    return _probe_diff(logp, theirs), counts if counts is not None else differing(wanted, served, check.compare)
 
 
 def _read_served(check: SyncCheck, sampler: Sampler) -> dict[str, tuple[Tensor, ...]]:
@@ -235,18 +307,19 @@ def one_cpu_thread(device: torch.device) -> Iterator[None]:
 def mismatch(check: SyncCheck, metrics: dict[str, float], when: str, detail: str = "") -> str | None:
     """The one-line message when the probe's mean difference exceeds the tolerance or a served weight
     differs from the learner's (None: it passed)."""
-    mean, top = metrics["sync/logp_abs_diff_mean"], metrics["sync/logp_abs_diff_max"]
+    mean, top = metrics.get("sync/logp_abs_diff_mean", 0.0), metrics.get("sync/logp_abs_diff_max", 0.0)
     differ = int(metrics.get("sync/weights_differ", 0))
     if mean <= check.tol and differ == 0:
         return None
     head = f"weight sync check failed {when} ({check.where}): "
-    probe = (f"by mean {mean:.3g}, max {top:.3g} (tolerance {check.tol:g}, {check.tol_source}); "
-             "the sampler is not sampling from the policy being trained")
+    probe = (f"by mean {mean:.3g}, max {top:.3g} (tolerance {check.tol:g}, {check.tol_source})")
+    stale = "the sampler is not sampling from the policy being trained"
     if differ:
         read = int(metrics["sync/weights_read"])
         return (head + f"{differ} of {read} synced weights the sampler serves differ from the learner's: "
-                + (detail or "on another rank") + "; the probe's log-probs differ " + probe)
-    return head + "the sampler's log-probs of a probe differ from the learner's " + probe
+                + (detail or "on another rank") + "; " + (f"the probe's log-probs differ {probe}; "
+                                                          if "sync/logp_abs_diff_mean" in metrics else "") + stale)
+    return head + f"the sampler's log-probs of a probe differ from the learner's {probe}; {stale}"
 
 
 def verify(check: SyncCheck | None, sampler: Sampler, policy: Policy, dp: DataParallel, when: str,

@@ -3,6 +3,7 @@ and a sync broken on purpose (tests/sync_break.py) stops the run in one line, wa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -36,7 +37,9 @@ from tests import sync_break
 from tests.support import TINY, one_error_line, run_cli
 
 # A reward that varies across random completions, so every step moves the adapters.
-FP32 = TINY + ["model.dtype=fp32", "optim.lr=3e-2", "reward.fns=[tests.helpers:char_count]"]
+# The probe at every check (by default it skips checks where the read-back covers every trained weight).
+FP32 = TINY + ["model.dtype=fp32", "optim.lr=3e-2", "reward.fns=[tests.helpers:char_count]",
+               "sampler.sync_probe_every=1"]
 # The unsloth-zoo #941 bug: one projection of one layer never reaches the sampler.
 SKIP = "layers.1.mlp.up_proj"
 
@@ -210,6 +213,53 @@ def test_a_broken_sync_at_the_default_lr_is_caught_at_the_next_check(hf_by_dtype
     assert verify(check, sampler, policy, DataParallel(), "now")["sync/weights_differ"] == 0
 
 
+def test_the_probe_runs_every_nth_check_where_the_read_back_covers_training(monkeypatch):
+    """sampler.sync_probe_every=3 under LoRA on linear layers: the probe's log-probs at checks 0, 3, 6, the
+    read-back at every check, and a sync that delivers nothing caught at a check without the probe."""
+    torch.manual_seed(0)
+    _, policy, sampler, check = _setup(FP32 + ["sampler.sync_probe_every=3"])
+    assert check.covered and check.probe_every == 3
+    probed = []
+    for _ in range(7):
+        _adamw_first_step(policy)
+        sync_sampler(sampler, policy)
+        m = verify(check, sampler, policy, DataParallel(), "now")
+        probed.append("sync/logp_abs_diff_mean" in m)
+        assert (m["sync/weights_read"], m["sync/weights_differ"]) == (14, 0)
+    assert probed == [True, False, False, True, False, False, True]
+    monkeypatch.setattr(sampler, "load_weights", lambda weights: None)
+    _adamw_first_step(policy)
+    sync_sampler(sampler, policy)
+    with pytest.raises(SyncError, match=r"14 of 14 synced weights the sampler serves differ from the learner's: "
+                                        r"[^;]*; the sampler is not sampling"):
+        verify(check, sampler, policy, DataParallel(), "after the step 8 sync")  # check 7: no probe
+    monkeypatch.undo()
+
+    def unreadable(names):
+        raise RuntimeError("no such buffer")
+
+    sync_sampler(sampler, policy)
+    monkeypatch.setattr(sampler, "read_served", unreadable)
+    m = measure(check, sampler, policy)  # check 8: the read-back fails, so the probe runs now and from then on
+    assert m["sync/weights_read"] == 0 and m["sync/logp_abs_diff_max"] < 1e-5
+    assert "sync/logp_abs_diff_mean" in measure(check, sampler, policy) and check.cache["probe_always"]
+
+
+@pytest.mark.parametrize("extra, covered", [([], True), (["model.lora.enabled=false"], False),
+                                            (["model.lora.target_modules=[q_proj,embed_tokens]"], False)])
+def test_the_probe_runs_at_every_check_where_training_is_not_all_read_back(extra, covered):
+    torch.manual_seed(0)
+    cfg, policy, sampler, check = _setup(TINY + extra)
+    assert check.covered is covered and check.probe_every == 10
+    every = [("sync/logp_abs_diff_mean" in measure(check, sampler, policy)) for _ in range(3)]
+    assert every == [True, not covered, not covered]
+    if not covered:
+        with pytest.raises(ConfigError, match=r"sampler.sync_probe_every=4 does nothing here: the read-back does not "
+                                              r"cover every weight the learner trains \(sampler=hf"):
+            build_check(dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, sync_probe_every=4)),
+                        policy, sampler, build_task(cfg.data, 0))
+
+
 def test_the_weight_comparison_is_exact_to_rounding(hf_by_dtype):
     """An honest sync reads back every element as the learner's value rounded to the sampler's dtype; a
     served weight one rounding step off (the smallest change a sync can miss) differs."""
@@ -324,16 +374,16 @@ class _Ranks(DataParallel):
 def test_ranks_agree_mean_of_means_and_max_of_maxima(fp32_hf):
     _, policy, sampler, check = fp32_hf
     sync_sampler(sampler, policy)
-    # (mean, max, modules read, modules differing) of the other ranks
-    m = measure(check, sampler, policy, _Ranks([(0.3, 0.9, 14, 0), (0.0, 0.1, 13, 2)]))
+    # ((mean, max) of the probe, modules read, modules differing) of the other ranks
+    m = measure(check, sampler, policy, _Ranks([((0.3, 0.9), 14, 0), ((0.0, 0.1), 13, 2)]))
     assert m["sync/logp_abs_diff_mean"] == pytest.approx(0.1, abs=1e-5)
     assert m["sync/logp_abs_diff_max"] == 0.9
     assert (m["sync/weights_read"], m["sync/weights_differ"]) == (13, 2)
     with pytest.raises(SyncError):  # this rank's sync was fine; another rank's was not: every rank stops
-        verify(check, sampler, policy, _Ranks([(0.3, 0.9, 14, 0), (0.0, 0.1, 14, 0)]), "now")
+        verify(check, sampler, policy, _Ranks([((0.3, 0.9), 14, 0), ((0.0, 0.1), 14, 0)]), "now")
     with pytest.raises(SyncError, match="2 of 14 synced weights the sampler serves differ from the learner's: on "
                                         "another rank; the probe's log-probs differ by mean"):
-        verify(check, sampler, policy, _Ranks([(0.0, 0.0, 14, 2)]), "now")
+        verify(check, sampler, policy, _Ranks([((0.0, 0.0), 14, 2)]), "now")
 
 
 def test_nan_fails_the_check(fp32_hf):
@@ -347,6 +397,9 @@ def test_nan_fails_the_check(fp32_hf):
     ("sampler.sync_check_tol=-1", "sampler.sync_check_tol=-1.0 must be > 0, or null"),
     ("sampler.sync_check=off sampler.sync_check_tol=0.1",
      "sampler.sync_check_tol=0.1 does nothing with sampler.sync_check=off"),
+    ("sampler.sync_check=off sampler.sync_probe_every=2",
+     "sampler.sync_probe_every=2 does nothing with sampler.sync_check=off"),
+    ("sampler.sync_probe_every=0", "sampler.sync_probe_every=0 must be >= 1"),
 ])
 def test_config_errors(bad, expected):
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.").replace("(", r"\(")):
@@ -387,7 +440,7 @@ def test_warn_mode_goes_on_and_off_looks_at_nothing(tmp_path, monkeypatch, capsy
     out = capsys.readouterr()
     assert (out.out + out.err).count("warning: weight sync check failed after the step") == 2
 
-    cfg, _, _ = compose(FP32 + ["sampler.sync_check=off"])
+    cfg, _, _ = compose([o for o in FP32 if "sync_probe_every" not in o] + ["sampler.sync_check=off"])
     train(cfg, tmp_path / "off", "seed: 0\n")
     assert not any(k.startswith("sync/") or k == "time/sync_check_s" for r in _rows(tmp_path / "off") for k in r)
 
@@ -478,9 +531,17 @@ def test_vllm_sync_check(vllm_engine, monkeypatch):
     print(f"vLLM {mode} {dtype} broken at lr {DEFAULT_LR}: {broken}")
     assert broken["sync/weights_differ"] == differ
     assert broken["sync/logp_abs_diff_mean"] < check.tol, "the probe alone would have caught this"
+    # A check without the probe (sampler.sync_probe_every > 1): the read-back alone, on the adapter the
+    # engine serves after the sync (its first request loads it), catches the same.
+    quiet = dataclasses.replace(check, probe_every=10**6)
+    _adamw_first_step(policy)
+    sync_sampler(sampler, policy)
+    alone = measure(quiet, sampler, policy)
+    assert "sync/logp_abs_diff_mean" not in alone and alone["sync/weights_differ"] == differ
     monkeypatch.undo()
     sync_sampler(sampler, policy)
     assert measure(check, sampler, policy)["sync/weights_differ"] == 0
+    assert measure(quiet, sampler, policy)["sync/weights_differ"] == 0
     if mode == "merged":  # one projection never pushed (unsloth-zoo #941); vLLM then serves that half of
         _break_in_process(monkeypatch)  # gate_up_proj far off, so the probe sees it too
         _adamw_first_step(policy)

@@ -368,6 +368,10 @@ class SamplerConfig:
     sync_check_tol: float | None = knob(None, SYNC_CHECK, range="(0, inf)")
     """Largest mean |log-prob difference| on the probe that passes (None: by dtype, 1e-3 when learner and
     sampler both run fp32, else 0.25)."""
+    sync_probe_every: int = knob(10, SYNC_CHECK, range="[1, inf)")
+    """Where the sampler reads back every weight the learner trains (LoRA on linear layers), each check compares
+    those weights and the probe's log-probs run at the first check and every N-th after (1: every check); else
+    (full fine-tuning, LoRA on embeddings, vLLM tensor parallel) the probe runs at every check."""
     vllm: VLLMConfig = knob(resume=(NUMERICS, "rounding and random draws of the vLLM engine"), factory=VLLMConfig)
     """vLLM engine settings (sampler=vllm)."""
 

@@ -8,7 +8,15 @@ import importlib.util
 import re
 from typing import Any
 
-from rlft.config.schemas import REWARD_METRICS, AlgoConfig, Config, ModelConfig, OptimConfig, valid_values
+from rlft.config.schemas import (
+    REWARD_METRICS,
+    AlgoConfig,
+    Config,
+    ModelConfig,
+    OptimConfig,
+    SamplerConfig,
+    valid_values,
+)
 from rlft.errors import ConfigError
 from rlft.rewards.rubric import check_judge
 from rlft.tools.check import check_episode, check_tools
@@ -302,9 +310,11 @@ def _check_sampler(cfg: Config) -> None:
     s, a = cfg.sampler, cfg.algo
     if s.sync_check not in ("error", "warn", "off"):
         raise ConfigError(f"sampler.sync_check='{s.sync_check}'; valid choices: error, warn, off")
-    if s.sync_check_tol is not None and s.sync_check == "off":
-        raise ConfigError(f"sampler.sync_check_tol={s.sync_check_tol} does nothing with sampler.sync_check=off: "
-                          "drop one of them")
+    if s.sync_check == "off":
+        for key, value, default in (("sync_check_tol", s.sync_check_tol, None),
+                                    ("sync_probe_every", s.sync_probe_every, SamplerConfig.sync_probe_every)):
+            if value != default:
+                raise ConfigError(f"sampler.{key}={value} does nothing with sampler.sync_check=off: drop one of them")
     name = resolve_sampler_name(s.name)
     key, off = _correction_key(a)
     if key and name != "vllm":
