@@ -31,7 +31,7 @@ from rlft.rewards.judges import check_judge_model
 from rlft.rewards.models import check_reward_model
 from rlft.rewards.normalize import RunningMoments
 from rlft.rewards.scorer import Scorer, build_scorers, gold_name
-from rlft.samplers import Sampler, build_sampler
+from rlft.samplers import Sampler, build_sampler, check_mergeable
 from rlft.sharding import shard_decoder
 from rlft.sync_check import SyncCheck, build_check
 
@@ -94,6 +94,7 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
                                    prompt_overhead(episodes, policy.tokenizer, task, cfg.data))
     sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
     del sampler_model  # the hf sampler holds it; vllm loaded its own
+    check_mergeable(policy, sampler)
     critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
     # Loading reward models and judges may draw random numbers (weights it initialises, model=tiny's seed):
     # the run's random stream stays as without them.

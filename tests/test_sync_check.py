@@ -18,7 +18,7 @@ from rlft.distributed import DataParallel
 from rlft.errors import ConfigError, SyncError
 from rlft.models import build_policy
 from rlft.models.policy import Policy
-from rlft.samplers import build_sampler, sync_sampler
+from rlft.samplers import build_sampler, check_mergeable, sync_sampler
 from rlft.samplers.readback import columns
 from rlft.served_weights import differing
 from rlft.sync_check import (
@@ -313,10 +313,11 @@ def test_full_fine_tuning_compares_every_linear_layer():
     assert measure(check, sampler, policy)["sync/weights_differ"] == 0
 
 
-def test_lora_on_an_embedding_leaves_it_to_the_probe():
+def test_lora_on_an_embedding_leaves_it_to_the_probe(tmp_path):
     """peft's LoRA embedding has no lora_A linear: the read-back compares the linear targets only (it
     raised KeyError before). The tiny model ties its embedding to the LM head, so the merged sync also
-    changes the sampler's LM head, which the learner's adapter leaves alone: the probe sees that."""
+    changes the sampler's LM head, which the learner's adapter leaves alone: the probe sees that, and a run
+    refuses such targets at start-up."""
     torch.manual_seed(0)
     _, policy, sampler, check = _setup(FP32 + ["model.lora.target_modules=[embed_tokens,q_proj]"])
     assert check.modules == ("model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj")
@@ -325,6 +326,12 @@ def test_lora_on_an_embedding_leaves_it_to_the_probe():
     m = measure(check, sampler, policy)
     assert (m["sync/weights_read"], m["sync/weights_differ"]) == (2, 0)
     assert m["sync/logp_abs_diff_mean"] > check.tol
+    with pytest.raises(ConfigError, match=r"model.lora.target_modules has embed_tokens, which this model ties to its "
+                                          r"LM head: a merged sync would change the sampler's LM head as well"):
+        check_mergeable(policy, sampler)  # so a run refuses it at start-up (exit 2)
+    proc = run_cli(["train", *FP32, "model.lora.target_modules=[embed_tokens,q_proj]",
+                    f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert "ties to its LM head" in one_error_line(proc, 2)
 
 
 def test_a_read_back_that_fails_leaves_the_probe_and_says_so_once(fp32_hf, monkeypatch):

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from rlft.errors import ConfigError
+
 if TYPE_CHECKING:
     from rlft.models import Policy
 
@@ -122,6 +124,23 @@ def sync_sampler(sampler: Sampler, policy: Policy) -> None:
         sampler.load_adapter(policy.model)
     else:
         sampler.load_weights(policy.sampler_weights())
+
+
+def check_mergeable(policy: Policy, sampler: Sampler) -> None:
+    """Refuse at start-up what a merged sync cannot serve: LoRA on an embedding the model ties to its LM head
+    (the sampler's copy shares that tensor, so merging the adapter into its embedding moves its LM head too,
+    which the learner's adapter leaves alone; the sync check stopped such runs at the first sync).
+
+    Raises:
+        ConfigError: that case, in one line with what to do.
+    """
+    if sampler.serves_adapter or not policy.lora or not getattr(policy.model.config, "tie_word_embeddings", False):
+        return
+    tied = [n.split(".lora_embedding_A")[0].rsplit(".", 1)[-1] for n, _ in policy.model.named_parameters()
+            if ".lora_embedding_A." in n or n.endswith(".lora_embedding_A.default")]
+    if tied:
+        raise ConfigError(f"model.lora.target_modules has {tied[0]}, which this model ties to its LM head: a merged "
+                          "sync would change the sampler's LM head as well; drop it from the targets")
 
 
 def scratch_dir(prefix: str, in_ram: bool = False) -> str:
