@@ -23,6 +23,7 @@ import torch
 from rlft import failure
 from rlft.algorithms.advantages import soft_overlong_penalty
 from rlft.batch import RolloutBatch, pack
+from rlft.check.memory import learner_memory, peak_start
 from rlft.check.report import Report, distribution, equal_groups, lengths, share
 from rlft.check.verdicts import verdicts
 from rlft.components import Components, build_components
@@ -81,10 +82,12 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
     batch = _batch(c, cfg, prompt_ids, gens, scores)
     warm_update = _warm_up(c, cfg, batch, snap)
     t4 = time.perf_counter()
+    before = peak_start(c.device)
     prepared = prepare_batch(c, batch, cfg)
     c.policy.model.train()
     update = update_policy(c, batch, cfg)
     t5 = time.perf_counter()
+    memory = learner_memory(c.policy, cfg, batch.input_ids.shape[0], batch.input_ids.shape[1], before)
     moved = update["update/skipped"] == 0.0
     sync_s = 0.0
     if moved:
@@ -102,7 +105,7 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
         cost=_cost(c, cfg, sync, {"setup": setup_s, "sampling": t2 - t1, "scoring": t3 - t2,
                                   "update": t5 - t4, "logprobs": prepared.get("time/logprob_s", 0.0), "sync": sync_s,
                                   "warm_up": warm_sampling + warm_update},
-                   num_prompts, len(problems), steps, groups, scored.totals),
+                   num_prompts, len(problems), steps, groups, scored.totals) | {"memory": memory},
     )
     report.verdicts = verdicts(report)
     return report

@@ -113,6 +113,13 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
         else:
             text = f"FAILED: {sc.get('message', '')}"
         out.append(("cost", f"sync check {when}", text))
+    if c.get("memory"):
+        m, est = c["memory"], c["memory"]["estimate_gib"]
+        terms = ", ".join(f"{k} {v:.1f}" for k, v in est.items() if k != "total" and v)
+        out.append(("cost", "GPU memory, learner phase", f"docs/gpu.md's arithmetic {est['total']:.1f} GiB for "
+                    f"micro-batches of {m['tokens']} tokens ({terms}); measured: peak {m['peak_gib']:.1f} GiB "
+                    f"allocated over the update, {m['before_gib']:.1f} GiB before it (the overhead term is outside "
+                    "the allocator)"))
     sec = c["seconds"]
     out.append(("cost", "measured", f"setup {_seconds(sec['setup'])}, warm-up {sec.get('warm_up', 0):.1f} s; "
                 f"on {run['prompts']} prompts: sampling "
