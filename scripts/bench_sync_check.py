@@ -3,11 +3,12 @@
     python scripts/bench_sync_check.py [--steps N] [--checks K] [--cases a,b,...] [KEY=VALUE ...]
 
 Each case runs in a process of its own (one vLLM engine per process): it builds a run's components,
-takes a warm-up step, then N measured steps; after each step it also times K more checks on their own
-(the step's check is one sample; the extra ones give a steadier median on a noisy machine). It prints,
-per case, the median check time, the median step time (the check included), their ratio, and the
-largest honest mismatch seen (mean and max |learner - sampler| log-prob over the probe), and the most synced
-weights whose read-back differed from the learner's (0 on an honest sync) of those read. Speed on
+takes a warm-up step, then N measured steps; after each step it times K checks with the probe and, where
+the read-back covers every trained weight, K without it (the read-back alone). It prints, per case, their
+medians, sampler.sync_probe_every (1 where the probe runs at every check), a check's average cost over a
+run ((probe + (every - 1) x read-back) / every), the median step time (its own check included), their
+ratio, the largest honest mismatch seen (mean and max |learner - sampler| log-prob over the probe), and
+the most synced weights whose read-back differed from the learner's (0 on an honest sync) of those read. Speed on
 this machine drifts by minutes, so the fp32 GEMM speed of the moment (1024x576x1536, GFLOP/s) is
 measured before and after each case and printed beside its absolute times; only the ratio compares.
 
@@ -53,7 +54,11 @@ def gemm() -> float:
 
 
 def one_case(overrides: list[str], steps: int, checks: int) -> dict:
-    """Run one case in this process; returns its timings and mismatches."""
+    """Run one case in this process; returns its timings and mismatches. After each step, ``checks`` checks
+    with the probe and ``checks`` without it (the read-back alone) are timed; a run's check costs on average
+    (probe + (N - 1) x read-back) / N, N = sampler.sync_probe_every where the read-back covers training."""
+    import dataclasses
+
     from rlft.components import build_components
     from rlft.config import compose
     from rlft.sync_check import measure
@@ -62,19 +67,26 @@ def one_case(overrides: list[str], steps: int, checks: int) -> dict:
     cfg, _, _ = compose(overrides)
     c = build_components(cfg)
     train_step(1, c, cfg)  # warm-up: first calls pick kernels, the engine compiles nothing more
-    step_s, check_s, diffs = [], [], []
+    check = c.sync_check
+    probed, alone = dataclasses.replace(check, probe_every=1), dataclasses.replace(check, probe_every=10**9)
+    step_s, probe_s, read_s, diffs = [], [], [], []
     for step in range(2, steps + 2):
         m = train_step(step, c, cfg)
         step_s.append(m["time/step_s"])
-        check_s.append(m["time/sync_check_s"])
-        diffs.append((m["sync/logp_abs_diff_mean"], m["sync/logp_abs_diff_max"], m["sync/weights_differ"],
-                      m["sync/weights_read"]))
         for _ in range(checks):
-            check_s.append(measure(c.sync_check, c.sampler, c.policy)["time/sync_check_s"])
-    return {"step_s": statistics.median(step_s), "check_s": statistics.median(check_s),
+            p = measure(probed, c.sampler, c.policy)
+            probe_s.append(p["time/sync_check_s"])
+            diffs.append((p["sync/logp_abs_diff_mean"], p["sync/logp_abs_diff_max"], p["sync/weights_differ"],
+                          p["sync/weights_read"]))
+            if check.covered:
+                read_s.append(measure(alone, c.sampler, c.policy)["time/sync_check_s"])
+    every = check.probe_every if check.covered else 1
+    probe, read = statistics.median(probe_s), statistics.median(read_s) if read_s else None
+    return {"step_s": statistics.median(step_s), "probe_s": probe, "read_s": read, "every": every,
+            "check_s": (probe + (every - 1) * read) / every if read is not None else probe,
             "mean_diff": max(d[0] for d in diffs), "max_diff": max(d[1] for d in diffs),
             "differ": max(d[2] for d in diffs), "read": min(d[3] for d in diffs),
-            "tol": c.sync_check.tol, "where": c.sync_check.where}
+            "tol": check.tol, "where": check.where}
 
 
 def run_case(name: str, extra: list[str], steps: int, checks: int) -> dict:
@@ -105,8 +117,8 @@ def main() -> int:
     if unknown:
         print(f"bench_sync_check: error: unknown case {unknown[0]}; valid: {', '.join(CASES)}", file=sys.stderr)
         return 2
-    print(f"{'case':<26} {'check s':>8} {'step s':>8} {'ratio':>7} {'mean diff':>10} {'max diff':>10} {'tol':>6} {'weights differ/read':>19}"
-          "  GEMM fp32 GFLOP/s before/after")
+    print(f"{'case':<26} {'probe+read s':>12} {'read s':>7} {'every':>5} {'check s':>8} {'step s':>7} {'ratio':>6} "
+          f"{'mean diff':>9} {'max diff':>9} {'tol':>5} {'differ/read':>11}  GEMM fp32 GFLOP/s before/after")
     for name in args.cases.split(","):
         t0 = time.perf_counter()
         r = run_case(name, args.overrides, args.steps, args.checks)
@@ -114,9 +126,10 @@ def main() -> int:
         if "error" in r:
             print(f"{name:<26} failed: {r['error']}  ({g})")
             continue
-        print(f"{name:<26} {r['check_s']:8.4f} {r['step_s']:8.2f} {r['check_s'] / r['step_s']:7.2%} "
-              f"{r['mean_diff']:10.2e} {r['max_diff']:10.2e} {r['tol']:6g} {int(r['differ']):>10}/{int(r['read']):<8}  {g}  ({time.perf_counter() - t0:.0f} s)",
-              flush=True)
+        read = f"{r['read_s']:7.4f}" if r["read_s"] is not None else f"{'-':>7}"
+        print(f"{name:<26} {r['probe_s']:12.4f} {read} {r['every']:5d} {r['check_s']:8.4f} {r['step_s']:7.2f} "
+              f"{r['check_s'] / r['step_s']:6.2%} {r['mean_diff']:9.2e} {r['max_diff']:9.2e} {r['tol']:5g} "
+              f"{int(r['differ']):>5}/{int(r['read']):<5}  {g}  ({time.perf_counter() - t0:.0f} s)", flush=True)
     return 0
 
 
