@@ -107,6 +107,7 @@ def test_refusal_stays_one_line_and_lists_at_most_four_keys(tmp_path):
     assert "algo.clip_eps_high: 0.2 -> 0.28 (the algorithm's" in message and " more; revert them" in message
 
 
+@pytest.mark.slow
 def test_cli_refuses_resume_with_changed_num_eval(tmp_path):
     run = tmp_path / "run"
     args = ["train", *[a for a in TINY if not a.startswith("trainer.steps")], "trainer.steps=1", f"hydra.run.dir={run}"]

@@ -37,6 +37,7 @@ def _not_rlft(stdout: str) -> list[str]:
 CHATTY = ["reward.fns=[math_correct,tests.helpers:chatty]", "reward.weights=[1,1]"]
 
 
+@pytest.mark.slow
 def test_a_first_tiny_run_shows_only_rlft_lines(tmp_path):
     """On a new machine (empty caches) too: the SmolLM2 conversion is one line of rlft's, not a
     progress bar. A reward's library that warns and logs goes to train.log."""

@@ -236,6 +236,7 @@ RUN = [*BASE, "model=local", "sampler.n=2", "sampler.max_new_tokens=6", "trainer
        "episode.max_turns=2", "data.num_eval=2", "logger.console=false"]
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_template_that_rewrites_earlier_turns_before_any_sampling(tmp_path, models):
     # UnbuildableEnv raises when its first episode is built (after the first sampling): exit 1 there. Exit 2 with the
     # template's line says the check came first.
@@ -247,6 +248,7 @@ def test_cli_refuses_a_template_that_rewrites_earlier_turns_before_any_sampling(
     assert "rewrites earlier turns" in one_error_line(proc, 2)
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_tool_message_that_the_template_refuses_and_runs_with_tool_role_user(tmp_path, models):
     args = ["train", *RUN, f"model.path={models['gemma']}", "tools=[calculator]", "reward.fns=[math_correct]"]
     line = one_error_line(run_cli([*args, "hydra.run.dir=run"], tmp_path), 2)

@@ -225,6 +225,7 @@ def test_ppo_trains_on_episodes(tmp_path, eos_model):
     assert all(m["episode/turns"] > 1 and m["episode/echoes"] >= 1 for m in metrics if m.get("step", 0) >= 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["drgrpo", "gspo", "reinforce_pp"])
 def test_other_algorithms_train_on_episodes(tmp_path, eos_model, algo):
     proc = run_cli(["train", *RUN, f"model.path={eos_model}", f"algo={algo}", "episode.env=tests.envs:TwoTurnEnv",
@@ -234,6 +235,7 @@ def test_other_algorithms_train_on_episodes(tmp_path, eos_model, algo):
     assert m["step"] == 1 and m["episode/turns"] > 1 and torch.isfinite(torch.tensor(m["loss"]))
 
 
+@pytest.mark.slow
 def test_environment_errors_end_the_run_in_one_line(tmp_path, eos_model):
     proc = run_cli(["train", *RUN, f"model.path={eos_model}", "episode.env=tests.envs:RaisingEnv", "hydra.run.dir=run"], tmp_path)
     assert "raised KeyError: 'no such room'" in one_error_line(proc, 1)

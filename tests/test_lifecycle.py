@@ -135,6 +135,7 @@ def test_eval_writes_into_the_run_directory_by_default(trained, tmp_path):
     assert "default: 8" in helped and "eval_step_NNNNNN.json in the run" in " ".join(helped.split())
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_job_and_survives_a_failing_one(tmp_path):
     """The second job fails at run time (its reward raises); the jobs after it still run to the end."""
     root = tmp_path / "sweep"

@@ -76,6 +76,7 @@ def _logged_step(run: Path) -> int:
     return max((r["step"] for r in read_metrics(run / "metrics.jsonl")), default=-1)
 
 
+@pytest.mark.slow
 def test_kill9_anywhere_then_resume_matches_uninterrupted_run(reference, tmp_path):
     run = tmp_path / "run"
     root = run / "checkpoints"

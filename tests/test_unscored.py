@@ -84,6 +84,7 @@ def test_training_with_unscored_samples(tmp_path, algo):
     assert step["response/loss_tokens"] == pytest.approx(2 * 4 * 8 * (1 - step["reward/unscored_frac"]))  # none unscored
 
 
+@pytest.mark.slow
 def test_a_reward_that_scores_nothing_in_a_step_is_absent_from_metrics(tmp_path):
     """Issue 23: a function that scored no sample was logged as the string "nan"; metrics.jsonl
     values are numbers. With no function scoring anything, reward/mean is absent too."""
