@@ -299,13 +299,11 @@ def cpu_model() -> str:
 
 
 def bf16_flags() -> dict[str, bool]:
-    """Whether the CPU has native bf16 dot products (avx512_bf16) and AMX tiles (amx_bf16)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return {f: f in flags for f in ("avx512_bf16", "amx_bf16")}
+    """Whether the CPU has each of the native bf16 flags ``model.dtype=auto`` reads (rlft.models.precision)."""
+    from rlft.models.precision import NATIVE_BF16_FLAGS, cpu_info, native_bf16
+
+    present = native_bf16(cpu_info())
+    return {f: f in present for f in NATIVE_BF16_FLAGS}
 
 
 def _peak_rss_gb() -> float:
