@@ -230,9 +230,10 @@ def _read_back(check: SyncCheck, sampler: Sampler, policy: Policy) -> dict[str, 
     """The read-back alone (a check without the probe). A served adapter is loaded by the engine on its
     first request after a sync, so one one-token request makes it active first (the next rollout would
     have loaded it)."""
-    if _adapter_served(sampler):
+    adapter = _adapter_served(sampler)
+    if adapter:
         sampler.score(check.probe.prompt[-1:], check.probe.completion[:1])
-    wanted = expected(policy, check.modules, sampler.dtype, _adapter_served(sampler), check.cache)
+    wanted = expected(policy, check.modules, sampler.dtype, adapter, check.cache)
     return differing(wanted, _read_served(check, sampler), check.compare)
 
 

@@ -134,10 +134,11 @@ def check_mergeable(policy: Policy, sampler: Sampler) -> None:
     Raises:
         ConfigError: that case, in one line with what to do.
     """
-    if sampler.serves_adapter or not policy.lora or not getattr(policy.model.config, "tie_word_embeddings", False):
+    if sampler.serves_adapter or not policy.lora:
         return
-    tied = [n.split(".lora_embedding_A")[0].rsplit(".", 1)[-1] for n, _ in policy.model.named_parameters()
-            if ".lora_embedding_A." in n or n.endswith(".lora_embedding_A.default")]
+    head = policy.model.get_output_embeddings()
+    tied = [n.rsplit(".", 1)[-1] for n, m in policy.model.named_modules() if getattr(m, "lora_embedding_A", None)
+            and head is not None and m.get_base_layer().weight is head.weight]
     if tied:
         raise ConfigError(f"model.lora.target_modules has {tied[0]}, which this model ties to its LM head: a merged "
                           "sync would change the sampler's LM head as well; drop it from the targets")
