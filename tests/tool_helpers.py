@@ -110,3 +110,15 @@ def worker_pid(x: int) -> str:
     import os
 
     return str(os.getpid())
+
+
+def naps(seconds: float) -> str:
+    """Sleeps, then says how long.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    import time
+
+    time.sleep(seconds)
+    return f"slept {seconds}"

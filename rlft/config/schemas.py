@@ -644,6 +644,12 @@ class EpisodeConfig:
     """Wall-clock limit of one call into episode.env (building an environment, or one step); past it the
     run ends with one line naming the environment (0: no limit). The environments run in worker processes
     (episode.env_workers): a call blocked inside C code is stopped too (its worker is killed)."""
+    schedule: str = knob("auto", (NUMERICS, "which turns share an engine step (batched kernels' rounding)"))
+    """How the episodes of a rollout advance: continuous (each turn is its own request, and an episode's next
+    turn enters the engine as soon as its environment has answered, while others generate or wait: vLLM only),
+    lockstep (every episode's turn k, then every environment, then turn k + 1), or auto (continuous under
+    sampler=vllm, lockstep under hf). The same seeds give the same episodes either way (token for token on the
+    CPU; on a GPU up to the rounding of kernels that depend on the batch)."""
     env_workers: int = knob(32, (HARMLESS, "how many environment calls run at once; the episodes are unchanged"),
                             range="[1, inf)")
     """Worker processes that run the user tools' calls (and hold the episode.env environments) of the episodes

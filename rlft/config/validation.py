@@ -351,6 +351,13 @@ def _check_episodes(cfg: Config) -> None:
     if cfg.tools and cfg.episode.env:
         raise ConfigError(f"tools and episode.env={cfg.episode.env} both: an environment of your own answers the "
                           "policy's replies itself; drop tools (or call your tools from the environment)")
+    schedule = cfg.episode.schedule
+    if schedule != "auto" and not (cfg.tools or cfg.episode.env):
+        raise ConfigError(f"episode.schedule={schedule} does nothing without tools or episode.env (each episode is one "
+                          "reply): drop it")
+    if schedule == "continuous" and resolve_sampler_name(cfg.sampler.name) != "vllm":
+        raise ConfigError("episode.schedule=continuous needs sampler=vllm (its engine takes each turn as a request of "
+                          "its own; the hf sampler runs episodes in lockstep): drop it or use sampler=vllm")
     if (cfg.tools or cfg.episode.env) and not getattr(cfg.data, "chat_template", True):
         what = "tools" if cfg.tools else "episode.env"
         raise ConfigError(f"{what} need the chat template to render the messages between turns: "

@@ -45,6 +45,10 @@ def _env_call(env_class: Any, op: str, eid: int, arg: Any, drops: list[int]) -> 
     return _HELD[eid].step(arg)
 
 
+_Job = tuple[Any, "WorkerEnv", str, Any, str]
+"""A call for a worker: (the step's key or None for a build, environment, op, argument, what it does in words)."""
+
+
 class WorkerEnv:
     """One episode's environment, held by a worker of ``pool`` (built there at its first step)."""
 
@@ -53,6 +57,10 @@ class WorkerEnv:
 
     def step(self, reply: str) -> Step:
         return self.step_batch([self], [reply])[0][0]
+
+    def stepper(self) -> EnvPool:
+        """What steps this episode in the continuous loop (rlft.episodes.stream): its pool."""
+        return self.pool
 
     @staticmethod
     def step_batch(envs: Sequence[WorkerEnv], replies: Sequence[str]) -> list[tuple[Step, float]]:
@@ -78,6 +86,10 @@ class EnvPool:
         self.drops: list[list[int]] = []
         """Per worker, finished environments to drop with its next call."""
         self._next = 0
+        self._queues: dict[int, deque[_Job]] = {}
+        """Per worker, the calls waiting for it to be free."""
+        self._busy: dict[int, _Job] = {}
+        """Per worker, the call it runs."""
 
     def make(self, problem: Any) -> WorkerEnv:
         """An environment for ``problem`` (built in its worker at the first step)."""
@@ -93,22 +105,62 @@ class EnvPool:
         return env
 
     def step(self, envs: Sequence[WorkerEnv], replies: Sequence[str]) -> list[tuple[Step, float]]:
-        """Build the environments not built yet, then step each with its reply; all workers at once.
+        """Each environment's Step for its reply (built first if it is not yet) and the seconds the step took in
+        its worker; all workers at once.
 
         Raises:
             EnvError: one of them failed (the pool is stopped).
         """
-        fresh = [e for e in envs if not e.built]
-        if fresh:
-            self._run([(e, "build", e.problem, "building it") for e in fresh])
-            for e in fresh:
-                e.built, e.problem = True, None
-        results = self._run([(e, "step", r, f"step() on the reply {r[:60]!r}") for e, r in zip(envs, replies)])
-        for value, _ in results:
-            if not isinstance(value, Step):
-                self.close()
-                raise EnvError(f"{self.name}: step() returned {type(value).__name__}, not rlft.episodes.env.Step")
-        return results
+        done: dict[int, tuple[Step, float]] = {}
+        try:
+            for k, (env, reply) in enumerate(zip(envs, replies)):
+                self.submit(k, env, reply)
+            while len(done) < len(envs):
+                done.update((k, (step, s)) for k, step, s in self.poll(None))
+        except BaseException:
+            self.close()
+            raise
+        return [done[k] for k in range(len(envs))]
+
+    def submit(self, key: int, env: WorkerEnv, reply: str) -> None:
+        """Queue ``env``'s step on ``reply`` (``key``: how ``poll`` names it), after its build if it has none yet;
+        its worker starts it once the calls queued there before it are done."""
+        queue = self._queues.setdefault(env.slot, deque())
+        if not env.built:
+            queue.append((None, env, "build", env.problem, "building it"))
+            env.built, env.problem = True, None
+        queue.append((key, env, "step", reply, f"step() on the reply {reply[:60]!r}"))
+        try:
+            self._dispatch()
+        except BaseException:
+            self.close()
+            raise
+
+    def poll(self, timeout: float | None) -> list[tuple[int, Step, float]]:
+        """The steps that came back within ``timeout`` seconds (None: wait for one): (key, Step, seconds in its
+        worker). Nothing when no call is running.
+
+        Raises:
+            EnvError: a call failed (the pool is stopped).
+        """
+        if not self._busy:
+            return []
+        try:
+            out = self._collect(timeout)
+            self._dispatch()
+        except BaseException:
+            self.close()
+            raise
+        return out
+
+    def abandon(self) -> None:
+        """Drop the calls in flight (a rollout that failed elsewhere): the workers and their environments go."""
+        self.close()
+
+    @property
+    def running(self) -> int:
+        """Steps and builds queued or running."""
+        return sum(len(q) for q in self._queues.values()) + len(self._busy)
 
     @property
     def pids(self) -> list[int]:
@@ -119,6 +171,8 @@ class EnvPool:
         for w in self.workers:
             w.stop()
         self.workers, self.live, self.drops = [], [], []
+        self._queues.clear()
+        self._busy.clear()
 
     def _finished(self, worker: _Worker, slot: int, eid: int) -> None:
         """An episode's environment proxy is gone: its worker drops it with its next call."""
@@ -126,56 +180,51 @@ class EnvPool:
             self.live[slot] -= 1
             self.drops[slot].append(eid)
 
-    def _run(self, jobs: list[tuple[WorkerEnv, str, Any, str]]) -> list[tuple[Any, float]]:
-        """Each job's result and seconds in its worker: one call at a time per worker, the workers at once."""
-        queues: dict[int, deque[int]] = {}
-        for k, (env, *_) in enumerate(jobs):
-            queues.setdefault(env.slot, deque()).append(k)
-        results: dict[int, tuple[Any, float]] = {}
-        busy: dict[int, int] = {}  # slot -> job
-        try:
-            while queues or busy:
-                for slot in [s for s in queues if s not in busy]:
-                    k = queues[slot].popleft()
-                    if not queues[slot]:
-                        del queues[slot]
-                    env, op, arg, _ = jobs[k]
-                    drops, self.drops[slot] = self.drops[slot], []
-                    try:
-                        self.workers[slot].start(k, ((op, env.eid, arg, drops), {}), self.timeout_s)
-                    except OSError:  # it died between two calls
-                        raise self._lost(jobs[k], self.workers[slot], True) from None
-                    busy[slot] = k
-                self._collect(jobs, busy, results)
-        except BaseException:
-            self.close()
-            raise
-        return [results[k] for k in range(len(jobs))]
+    def _dispatch(self) -> None:
+        """Send each idle worker the next call queued for it."""
+        for slot in [s for s in self._queues if s not in self._busy]:
+            job = self._queues[slot].popleft()
+            if not self._queues[slot]:
+                del self._queues[slot]
+            key, env, op, arg, _ = job
+            drops, self.drops[slot] = self.drops[slot], []
+            try:
+                self.workers[slot].start(0, ((op, env.eid, arg, drops), {}), self.timeout_s)
+            except OSError:  # it died between two calls
+                self._busy[slot] = job
+                raise self._lost(job, self.workers[slot], True) from None
+            self._busy[slot] = job
 
-    def _collect(self, jobs: list[tuple[WorkerEnv, str, Any, str]], busy: dict[int, int],
-                 results: dict[int, tuple[Any, float]]) -> None:
-        """Wait for a busy worker to answer, die or pass its deadline."""
-        workers = {slot: self.workers[slot] for slot in busy}
+    def _collect(self, timeout: float | None) -> list[tuple[int, Step, float]]:
+        """Wait (up to ``timeout`` seconds) for busy workers to answer, die or pass their deadline."""
+        workers = {slot: self.workers[slot] for slot in self._busy}
         deadline = min(w.deadline for w in workers.values())
-        timeout = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
-        ready = set(wait([w.conn for w in workers.values()] + [w.process.sentinel for w in workers.values()], timeout))
+        wait_s = None if deadline == float("inf") else max(0.0, deadline - time.monotonic())
+        if timeout is not None:
+            wait_s = timeout if wait_s is None else min(wait_s, timeout)
+        ready = set(wait([w.conn for w in workers.values()] + [w.process.sentinel for w in workers.values()], wait_s))
+        out = []
         for slot, w in workers.items():
-            k = busy[slot]
+            job = self._busy[slot]
             if w.conn in ready:
                 reply = w.receive()
                 if reply is None:
-                    raise self._lost(jobs[k], w, True)
+                    raise self._lost(job, w, True)
                 ok, value = reply
                 if not ok:
                     error = value.rebuilt() if isinstance(value, Described) else value
-                    raise EnvError(f"{self.name}: {jobs[k][3]} raised {type(error).__name__}: {error}")
-                results[k] = (value, time.monotonic() - w.started)
-                del busy[slot]
+                    raise EnvError(f"{self.name}: {job[4]} raised {type(error).__name__}: {error}")
+                del self._busy[slot]
+                if job[2] == "step":
+                    if not isinstance(value, Step):
+                        raise EnvError(f"{self.name}: step() returned {type(value).__name__}, not rlft.episodes.env.Step")
+                    out.append((job[0], value, time.monotonic() - w.started))
             elif w.process.sentinel in ready or time.monotonic() >= w.deadline:
-                raise self._lost(jobs[k], w, w.process.sentinel in ready)
+                raise self._lost(job, w, w.process.sentinel in ready)
+        return out
 
-    def _lost(self, job: tuple[WorkerEnv, str, Any, str], worker: _Worker, died: bool) -> EnvError:
-        what = job[3]
+    def _lost(self, job: _Job, worker: _Worker, died: bool) -> EnvError:
+        what = job[4]
         if died:  # its pipe closed or its sentinel fired: give its exit a moment (a loaded machine), so its code shows
             worker.process.join(5.0)
             worker.stop(died=True)

@@ -36,7 +36,7 @@ def sample_problems(sampler: Sampler, tokenizer: Any, problems: list[Problem], d
             Sample(problems[i].prompt, text, problems[i].answer, len(ids), cut, problems[i].columns, problems[i].messages)
             for i, text, ids, cut in zip(gens.prompt_index, texts, gens.completion_ids, gens.truncated)]
     eps = run_episodes(sampler, tokenizer, prompts, params, lambda i: episodes.make(problems[i]), episodes.limits,
-                       episodes.name, progress)
+                       episodes.name, progress, episodes.continuous)
     return prompts, eps, [_episode_sample(problems[i], eps, k) for k, i in enumerate(eps.prompt_index)]
 
 

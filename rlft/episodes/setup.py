@@ -41,6 +41,8 @@ class EpisodeSetup:
     """The calls of one reply that are run (episode.max_tool_calls), told in rlft's system prompt; None: no cap."""
     tool_role: str = "tool"
     """The role the tool results come back in (episode.tool_role: tool, or user)."""
+    continuous: bool = False
+    """Episodes that do not wait for each other (episode.schedule, rlft.episodes.stream); else lockstep."""
 
     def make(self, problem: Problem) -> Any:
         return self.env_class(problem)
@@ -119,20 +121,22 @@ def episode_setup(cfg: Config) -> EpisodeSetup | None:
     e = cfg.episode
     if not (e.env or cfg.tools):
         return None
-    limits = Limits(e.max_turns, e.max_tokens or 2**62,
-                    cfg.sampler.vllm.max_model_len if resolve_sampler_name(cfg.sampler.name) == "vllm" else None)
+    vllm = resolve_sampler_name(cfg.sampler.name) == "vllm"
+    limits = Limits(e.max_turns, e.max_tokens or 2**62, cfg.sampler.vllm.max_model_len if vllm else None)
+    continuous = e.schedule == "continuous" or (e.schedule == "auto" and vllm)
     if e.env:
         # Each episode's environment lives in a worker process (rlft.episodes.env_pool), bounded there by env_timeout_s.
         name = f"episode.env={e.env}"
         pool = EnvPool(load_env(e.env), name, e.env_workers, e.env_timeout_s)
         atexit.register(pool.close)
-        return EpisodeSetup(pool.make, name, dataclasses.replace(limits, env_timeout_s=e.env_timeout_s))
+        return EpisodeSetup(pool.make, name, dataclasses.replace(limits, env_timeout_s=e.env_timeout_s),
+                            continuous=continuous)
     # The tools bound their own calls (episode.tool_timeout_s each), so their environment has no limit.
     tools = load_tools(cfg.tools, e)
     runner = ToolRunner(tools, e)
     atexit.register(runner.close)
     return EpisodeSetup(lambda problem: ToolEnv(runner, e.tool_role), "tools", limits, tools, e.tool_format,
-                        e.max_tool_calls, e.tool_role)
+                        e.max_tool_calls, e.tool_role, continuous)
 
 
 def _first_prompt_refused(e: Exception, tool_format: str, takes_tools: bool) -> str:

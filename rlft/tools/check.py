@@ -17,6 +17,8 @@ BUILTIN_NAMES = ("calculator", "python")
 TOOL_FORMATS = ("auto", "template", "rlft")
 TOOL_ROLES = ("tool", "user")
 """episode.tool_role: the role tool results come back in (rlft.episodes.tool_env.result_messages)."""
+SCHEDULES = ("auto", "continuous", "lockstep")
+"""episode.schedule: how the episodes of a rollout advance (rlft.episodes.stream, rlft.episodes.run)."""
 SANDBOX_LEVELS = ("bwrap", "process")
 """episode.python_sandbox: rlft.tools.sandbox's bwrap, or a plain process."""
 
@@ -61,3 +63,5 @@ def check_episode(cfg: EpisodeConfig) -> None:
         raise ConfigError(f"episode.tool_format='{cfg.tool_format}'; valid choices: {', '.join(TOOL_FORMATS)}")
     if cfg.tool_role not in TOOL_ROLES:
         raise ConfigError(f"episode.tool_role='{cfg.tool_role}'; valid choices: {', '.join(TOOL_ROLES)}")
+    if cfg.schedule not in SCHEDULES:
+        raise ConfigError(f"episode.schedule='{cfg.schedule}'; valid choices: {', '.join(SCHEDULES)}")

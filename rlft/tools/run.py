@@ -15,7 +15,9 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlft.calls import CallDied, CallFailed, CallTimeout, Pool, describe
@@ -48,6 +50,19 @@ class ToolResult(NamedTuple):
         return {"role": "tool", "name": self.name, "content": self.content}
 
 
+@dataclass
+class _Reply:
+    """A reply's calls in flight: their results so far (None: not back yet) and seconds, and the too_many_calls
+    results that follow them."""
+
+    calls: list[ToolCall]
+    results: list[ToolResult | None]
+    seconds: list[float]
+    extra: list[ToolResult]
+    user: list[int] = field(default_factory=list)
+    builtin: list[int] = field(default_factory=list)
+
+
 class NotAString(NamedTuple):
     """A user tool's result that is not text, told by its type and a short repr (what crosses from the worker)."""
 
@@ -76,10 +91,19 @@ class ToolRunner:
         self.num_workers = num_workers or len(os.sched_getaffinity(0))
         self._threads: ThreadPoolExecutor | None = None
         self._pool: Pool | None = None
+        self._open_replies: dict[int, _Reply] = {}
+        self._tickets: dict[int, tuple[int, int]] = {}
+        """The user calls in the pool, by ticket: (reply key, call index)."""
+        self._futures: dict[Future, tuple[int, int]] = {}
+        """The built-in calls on threads: (reply key, call index)."""
+        self._done: list[tuple[int, list[ToolResult], float]] = []
+        self._next_ticket = 0
+        self.steps: Any = None
+        """The continuous episode loop's ToolSteps over this runner (rlft.episodes.tool_env), made when first used."""
 
     def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """One result per call, in order."""
-        return self._run(calls)[0]
+        """One result per call, in order (no cap on their number)."""
+        return self._settle([calls], cap=None)[0][0]
 
     def run_reply(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """One result per call of one reply (run_replies)."""
@@ -90,42 +114,104 @@ class ToolRunner:
         per reply the seconds its longest call ran. Of each reply the first ``episode.max_tool_calls`` are run,
         each call after them reads a too_many_calls error instead (a reply full of hanging calls would cost a
         timeout each)."""
-        cap = self.cfg.max_tool_calls
-        flat = [c for calls in replies for c in calls[:cap]]
-        results, seconds = self._run(flat)
-        out, took, at = [], [], 0
-        for calls in replies:
-            ran = len(calls[:cap])
-            extra = [self._error(c.name, "too_many_calls", _too_many(i, cap)) for i, c in enumerate(calls[cap:], cap + 1)]
-            out.append(results[at : at + ran] + extra)
-            took.append(max(seconds[at : at + ran], default=0.0))
-            at += ran
-        return out, took
+        return self._settle(replies, self.cfg.max_tool_calls)
 
-    def _run(self, calls: Sequence[ToolCall]) -> tuple[list[ToolResult], list[float]]:
-        """One result per call, in order, and the seconds each ran. User tools run first, then the built-ins:
-        forking a worker (a first one, or one replacing a worker that died) while threads of this process are
-        inside subprocess calls could copy a held lock into it."""
-        results: list[ToolResult | None] = [self._refusal(c) for c in calls]
-        seconds = [0.0] * len(calls)
-        pending = [i for i, r in enumerate(results) if r is None]
-        user = [i for i in pending if not self.tools[calls[i].name].builtin]
-        builtin = [i for i in pending if self.tools[calls[i].name].builtin]
-        if user:
-            if self._pool is None:
-                self._pool = Pool(self._call_user, self.cfg.env_workers, self.cfg.tool_timeout_s)
-            outcomes = self._pool.settle([((calls[i].name, calls[i].arguments), {}) for i in user])
-            for k, (i, outcome) in enumerate(zip(user, outcomes)):
-                results[i] = self._result(calls[i].name, outcome)
-                seconds[i] = self._pool.seconds.get(k, 0.0)
-        if builtin:
-            if self._threads is None:
-                self._threads = ThreadPoolExecutor(self.num_workers, thread_name_prefix="rlft-tool")
-            futures = [self._threads.submit(self._timed_builtin, calls[i].name, calls[i].arguments) for i in builtin]
-            for i, future in zip(builtin, futures):
-                outcome, seconds[i] = future.result()
-                results[i] = self._result(calls[i].name, outcome)
-        return [r for r in results if r is not None], seconds
+    def start_replies(self, replies: Sequence[tuple[int, Sequence[ToolCall]]]) -> None:
+        """Start the calls of each ``(key, calls)`` reply, capped as in run_replies; ``poll`` hands each reply's
+        results back, by key, once all its calls are done. User tools are sent first, then the built-ins start:
+        forking a worker (a first one, or more up to ``env_workers``) while threads of this process are inside
+        subprocess calls could copy a held lock into it."""
+        self._start(replies, self.cfg.max_tool_calls)
+
+    def _start(self, replies: Sequence[tuple[int, Sequence[ToolCall]]], cap: int | None) -> None:
+        started = [(key, self._open(key, calls, cap)) for key, calls in replies]
+        for key, reply in started:
+            for i in reply.user:
+                if self._pool is None:
+                    self._pool = Pool(self._call_user, self.cfg.env_workers, self.cfg.tool_timeout_s)
+                self._tickets[self._next_ticket] = (key, i)
+                self._pool.submit(self._next_ticket, ((reply.calls[i].name, reply.calls[i].arguments), {}))
+                self._next_ticket += 1
+        for key, reply in started:
+            for i in reply.builtin:
+                if self._threads is None:
+                    self._threads = ThreadPoolExecutor(self.num_workers, thread_name_prefix="rlft-tool")
+                call = reply.calls[i]
+                self._futures[self._threads.submit(self._timed_builtin, call.name, call.arguments)] = (key, i)
+            self._finish_if_done(key)
+
+    def poll(self, timeout: float | None) -> list[tuple[int, list[ToolResult], float]]:
+        """The replies whose calls all came back within ``timeout`` seconds (None: wait for one): (key, results in
+        call order, seconds its longest call ran). Nothing when no reply is running."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._done and self._open_replies:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            running_user = self._pool is not None and self._pool.running > 0
+            if self._futures:  # threads and worker pipes cannot be waited on together: the pipes in short slices
+                wait_futures(list(self._futures), 0.005 if running_user else left, FIRST_COMPLETED)
+                self._take_threads()
+                if running_user:
+                    self._take_user(0.0)
+            elif running_user:
+                self._take_user(left)
+            if left == 0.0:
+                break
+        done, self._done = self._done, []
+        return done
+
+    def _settle(self, replies: Sequence[Sequence[ToolCall]], cap: int | None) -> tuple[list[list[ToolResult]], list[float]]:
+        keys = [-1 - k for k in range(len(replies))]  # below the keys streaming callers use (>= 0)
+        try:
+            self._start(list(zip(keys, replies)), cap)
+            got: dict[int, tuple[list[ToolResult], float]] = {}
+            while len(got) < len(keys):
+                got.update((key, (results, s)) for key, results, s in self.poll(None))
+        except BaseException:
+            self.abandon()
+            raise
+        return [got[k][0] for k in keys], [got[k][1] for k in keys]
+
+    def _open(self, key: int, calls: Sequence[ToolCall], cap: int | None) -> _Reply:
+        ran = list(calls if cap is None else calls[:cap])
+        extra = [] if cap is None else [self._error(c.name, "too_many_calls", _too_many(i, cap))
+                                        for i, c in enumerate(calls[cap:], cap + 1)]
+        reply = _Reply(ran, [self._refusal(c) for c in ran], [0.0] * len(ran), extra)
+        pending = [i for i, r in enumerate(reply.results) if r is None]
+        reply.user = [i for i in pending if not self.tools[ran[i].name].builtin]
+        reply.builtin = [i for i in pending if self.tools[ran[i].name].builtin]
+        self._open_replies[key] = reply
+        return reply
+
+    def _take_threads(self) -> None:
+        for future in [f for f in self._futures if f.done()]:
+            key, i = self._futures.pop(future)
+            outcome, seconds = future.result()
+            self._record(key, i, outcome, seconds)
+
+    def _take_user(self, timeout: float | None) -> None:
+        assert self._pool is not None
+        for ticket, (outcome, seconds) in self._pool.poll(timeout).items():
+            key, i = self._tickets.pop(ticket)
+            self._record(key, i, outcome, seconds)
+
+    def _record(self, key: int, i: int, outcome: Any, seconds: float) -> None:
+        reply = self._open_replies[key]
+        reply.results[i] = self._result(reply.calls[i].name, outcome)
+        reply.seconds[i] = seconds
+        self._finish_if_done(key)
+
+    def _finish_if_done(self, key: int) -> None:
+        reply = self._open_replies[key]
+        if all(r is not None for r in reply.results):
+            del self._open_replies[key]
+            self._done.append((key, [r for r in reply.results if r is not None] + reply.extra,
+                               max(reply.seconds, default=0.0)))
+
+    def abandon(self) -> None:
+        """Forget the replies in flight (an interrupted batch): their user calls' workers are stopped."""
+        if self._pool is not None:
+            self._pool.abandon()
+        self._open_replies, self._tickets, self._futures, self._done = {}, {}, {}, []
 
     @property
     def worker_pids(self) -> list[int]:
