@@ -12,7 +12,8 @@ the commit before issue 36's first, is extracted with ``git archive`` under DIR;
    tool that sleeps 0.5 s (an API's latency) and the python tool; 3 rounds (the first one forks the workers now).
    Also the cost of an ``episode.env`` in a worker: a trivial environment stepped in the trainer against one held
    by a worker (``EnvPool``), per step.
-2. Rollouts of docs/results.md's tool task (SmolLM2-135M-Instruct, LoRA, GRPO, 4 prompts x 8 episodes, at most 3
+2. Rollouts of docs/results.md's tool task, before against now with each episode.schedule (lockstep; continuous:
+   an episode's next turn enters the engine as soon as its environment answers, vLLM only) (SmolLM2-135M-Instruct, LoRA, GRPO, 4 prompts x 8 episodes, at most 3
    turns of 40 tokens, T=0.7; prompts with one worked demonstration of the tool): per tool, the rollout's time,
    its sampling time and its environment time (measured the same way in both trees: the episode loop's
    environment function wrapped by a timer), warm-up rollouts dropped. The update that follows a rollout is the
@@ -125,9 +126,12 @@ class Counter:
         return Step(messages=[{"role": "user", "content": str(self.n)}])
 
 
-def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str) -> dict:
+def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str, schedule: str) -> dict:
     """Part 2 in this process: ``warmup + steps`` rollouts of the tool task (sampling, environments, rewards; the
-    update after them is the same code before and after, and is not run); the measured rollouts' times."""
+    update after them is the same code before and after, and is not run); the measured rollouts' times.
+    ``schedule``: episode.schedule (``-``: a tree without it). The environment time of a lockstep rollout is the
+    wall time of its environment phases (the episode loop's function wrapped by a timer); of a continuous one the
+    time the loop waited on environments with nothing to generate (its time/env_s)."""
     import rlft.episodes.run as loop
     from rlft.config import compose
     from rlft.rollout import collect_rollout
@@ -149,14 +153,17 @@ def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str) ->
         "algo=grpo", "model=smollm2_135m", "data=jsonl", f"data.path={data}/train.jsonl", "data.num_eval=0",
         f"tools=[{TOOLS[tool]}]", "episode.max_turns=3", "reward.fns=[math_correct]", f"sampler={sampler}",
         "sampler.max_new_tokens=40", "sampler.temperature=0.7", "trainer.num_prompts=4", "sampler.n=8",
-        f"trainer.steps={steps + warmup}", "logger.console=false"])
+        f"trainer.steps={steps + warmup}", "logger.console=false",
+        *([f"episode.schedule={schedule}"] if schedule != "-" else [])])
     c = build_components(cfg)
     out = []
     for _ in range(warmup + steps):
         env_s[0] = 0.0
         t0 = time.perf_counter()
         m = collect_rollout(c, cfg).metrics
-        out.append({"rollout_s": time.perf_counter() - t0, "generate_s": m["time/generate_s"], "env_s": env_s[0],
+        out.append({"rollout_s": time.perf_counter() - t0, "generate_s": m["time/generate_s"],
+                    "env_s": m["time/env_s"] if schedule == "continuous" else env_s[0],
+                    "env_longest_s": m.get("time/env_longest_s", float("nan")),
                     "turns": m.get("episode/turns", 0.0), "tool_calls": m.get("episode/tool_calls", 0.0)})
     return {"steps": out[warmup:]}
 
@@ -203,7 +210,7 @@ def main() -> int:
         elif kind == "overhead":
             result = child_env_overhead(int(rest[0]))
         else:
-            result = child_steps(rest[0], Path(rest[1]), int(rest[2]), int(rest[3]), rest[4])
+            result = child_steps(rest[0], Path(rest[1]), int(rest[2]), int(rest[3]), rest[4], rest[5])
         import rlft
 
         print(json.dumps({**result, "rlft": rlft.__file__}))
@@ -250,18 +257,21 @@ def part_two(trees: dict[str, Path], tools: list[str], out: Path, steps: int, wa
     print(f"\n2. rollouts of the tool task, 4 prompts x 8 episodes, at most 3 turns of 40 tokens, {sampler} "
           f"sampler; mean of {steps} rollouts after {warmup} warm-up, seconds")
     print("| tool | code | rollout | sampling (generate_s, env included) | environment | env share of the rollout | "
-          "turns / episode | calls / episode |")
-    print("|---|---|---|---|---|---|---|---|")
+          "longest episode's env | turns / episode | calls / episode |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    variants = [("before", trees["before"], "-")] + [(f"now, {s}", trees["now"], s) for s in ("lockstep", "continuous")
+                                                     if sampler == "vllm" or s == "lockstep"]
     for tool in tools:
         task = data / ("python" if tool == "python" else "calculator")
-        for label, tree in trees.items():
-            s = run_child(tree, ["steps", tool, str(task), str(steps), str(warmup), sampler])["steps"]
+        for label, tree, schedule in variants:
+            s = run_child(tree, ["steps", tool, str(task), str(steps), str(warmup), sampler, schedule])["steps"]
 
             def mean(key: str, rows: list[dict] = s) -> float:
                 return statistics.mean(row[key] for row in rows)
 
             print(f"| {tool} | {label} | {mean('rollout_s'):.1f} | {mean('generate_s'):.1f} | {mean('env_s'):.2f} | "
-                  f"{100 * mean('env_s') / mean('rollout_s'):.0f}% | {mean('turns'):.2f} | {mean('tool_calls'):.2f} |")
+                  f"{100 * mean('env_s') / mean('rollout_s'):.0f}% | {mean('env_longest_s'):.2f} | {mean('turns'):.2f} | "
+                  f"{mean('tool_calls'):.2f} |")
 
 
 def _head() -> str:

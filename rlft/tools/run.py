@@ -147,8 +147,9 @@ class ToolRunner:
         while not self._done and self._open_replies:
             left = None if end is None else max(0.0, end - time.monotonic())
             running_user = self._pool is not None and self._pool.running > 0
-            if self._futures:  # threads and worker pipes cannot be waited on together: the pipes in short slices
-                wait_futures(list(self._futures), 0.005 if running_user else left, FIRST_COMPLETED)
+            if self._futures:  # threads and worker pipes cannot be waited on together: the threads in short slices
+                wait_futures(list(self._futures), min(0.005, 0.005 if left is None else left) if running_user else left,
+                             FIRST_COMPLETED)
                 self._take_threads()
                 if running_user:
                     self._take_user(0.0)
