@@ -3,6 +3,7 @@ another, user tools in workers forked per episode) against now (every waiting ep
 
     python scripts/bench_episodes.py [--before REV] [--out DIR] [--steps 2] [--warmup 1] [--episodes 32]
                                      [--tools sleep,python,calculator] [--sampler vllm] [--skip-steps]
+    python scripts/bench_episodes.py --paired N [--tools ...] [--out DIR]
 
 Two parts, every measurement in a process of its own, each code version imported from its own tree (REV, default
 the commit before issue 36's first, is extracted with ``git archive`` under DIR; the newer one is this checkout):
@@ -18,6 +19,14 @@ the commit before issue 36's first, is extracted with ``git archive`` under DIR;
    its sampling time and its environment time (measured the same way in both trees: the episode loop's
    environment function wrapped by a timer), warm-up rollouts dropped. The update that follows a rollout is the
    same code before and after and is not run (on this 2-core machine it takes minutes: a step is that plus this).
+
+3. ``--paired N``: the two episode.schedule values on one vLLM engine in one process, N rollouts each of the tool
+   task at the same data positions, interleaved (the order alternating), after a warm-up pair: totals of rollout
+   time, engine steps and environment wait (time/env_s). The fairest comparison of the schedules: same engine,
+   same moment, same problems.
+
+4. ``--trl``: the same tool task in TRL 1.16's GRPOTrainer with ``tools=`` (``make install-bench``), in its own
+   process: its step time, or what it says when it does not take the job.
 
 Absolute times drift with the machine: the fp32 GEMM speed is printed beside them; compare the ratios.
 """
@@ -168,6 +177,76 @@ def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str, sc
     return {"steps": out[warmup:]}
 
 
+def child_paired(tool: str, data: Path, reps: int) -> dict:
+    """Part 3 in this process: the same rollouts under both schedules on one engine, interleaved (the order
+    alternating from one data position to the next); the first position is a warm-up and is dropped."""
+    import dataclasses
+
+    from rlft.config import compose
+    from rlft.rollout import collect_rollout
+    from rlft.trainer import build_components
+
+    cfg, _, _ = compose([
+        "algo=grpo", "model=smollm2_135m", "data=jsonl", f"data.path={data}/train.jsonl", "data.num_eval=0",
+        f"tools=[{TOOLS[tool]}]", "episode.max_turns=3", "reward.fns=[math_correct]", "sampler=vllm",
+        "sampler.max_new_tokens=40", "sampler.temperature=0.7", "trainer.num_prompts=4", "sampler.n=8",
+        "logger.console=false"])
+    c = build_components(cfg)
+    engine, steps = c.sampler.llm.llm_engine, [0]
+    inner = engine.step
+
+    def counted():
+        steps[0] += 1
+        return inner()
+
+    engine.step = counted
+    base, out = c.episodes, []
+    for position in range(reps + 1):
+        for continuous in (True, False) if position % 2 else (False, True):
+            c.cursor, c.episodes, steps[0] = position, dataclasses.replace(base, continuous=continuous), 0
+            t0 = time.perf_counter()
+            m = collect_rollout(c, cfg).metrics
+            if position:
+                out.append({"continuous": continuous, "rollout_s": time.perf_counter() - t0, "engine_steps": steps[0],
+                            "env_s": m["time/env_s"], "tokens": m["tokens/generated"],
+                            "tool_calls": m.get("episode/tool_calls", 0.0)})
+    return {"rollouts": out}
+
+
+def child_trl(data: Path) -> dict:
+    """Part 4 in this process: the tool task in TRL 1.16's GRPOTrainer with ``tools=`` (the sleeping calculator,
+    at most 3 turns: two tool-calling iterations), on the CPU; what it says if it does not take the job, else the
+    time of its steps and of its tool calls."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlft.models.loading import smollm2_dir
+
+    rows = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()][:64]
+    model_dir = str(smollm2_dir())
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    def reward(completions, answer, **kw):
+        return [float(a in str(c[-1].get("content", ""))) for c, a in zip(completions, answer)]
+
+    args = GRPOConfig(output_dir=str(data / "trl"), max_steps=2, per_device_train_batch_size=32, num_generations=8,
+                      max_completion_length=120, max_tool_calling_iterations=2, beta=0.0, learning_rate=1e-4,
+                      bf16=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
+                      temperature=0.7, disable_tqdm=True, seed=0)
+    try:
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, processing_class=tok, tools=[calculator],
+                              train_dataset=datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]}
+                                                                        for r in rows]))
+    except Exception as e:  # noqa: BLE001  (what TRL says is the result)
+        return {"refused": f"{type(e).__name__}: {e}"}
+    t0 = time.perf_counter()
+    trainer.train()
+    return {"train_s": time.perf_counter() - t0, "log": trainer.state.log_history}
+
+
 # ------------------------------------------------------------------------------------------------- parent
 
 
@@ -200,13 +279,20 @@ def main() -> int:
     parser.add_argument("--tools", default="sleep,python,calculator")
     parser.add_argument("--sampler", default="vllm")
     parser.add_argument("--skip-steps", action="store_true", help="part 1 only")
-    parser.add_argument("--skip-env", action="store_true", help="part 2 only")
+    parser.add_argument("--skip-env", action="store_true", help="skip part 1")
+    parser.add_argument("--paired", type=int, default=0, metavar="N",
+                        help="part 3 only: N rollouts per schedule, interleaved on one vLLM engine")
+    parser.add_argument("--trl", action="store_true", help="part 4 only: the tool task in TRL's GRPOTrainer (tools=)")
     parser.add_argument("--child", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
         if kind == "env":
             result = child_env(rest[0], int(rest[1]))
+        elif kind == "trl":
+            result = child_trl(Path(rest[0]))
+        elif kind == "paired":
+            result = child_paired(rest[0], Path(rest[1]), int(rest[2]))
         elif kind == "overhead":
             result = child_env_overhead(int(rest[0]))
         else:
@@ -217,6 +303,15 @@ def main() -> int:
         return 0
 
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-episodes-"))
+    if args.paired:
+        part_three(args.tools.split(","), out, args.paired)
+        return 0
+    if args.trl:
+        result = run_child(ROOT, ["trl", str(_task_data(out) / "calculator")])
+        print("4. TRL 1.16 GRPOTrainer, tools=[the sleeping calculator], SmolLM2-135M-Instruct on the CPU: " +
+              (f"refused the job: {result['refused']}" if "refused" in result else
+               f"2 steps in {result['train_s']:.1f} s; log {result['log']}"))
+        return 0
     trees = {"before": extract(args.before, out), "now": ROOT}
     tools = args.tools.split(",")
     print(f"fp32 GEMM {gemm():.0f} GFLOP/s at the start; before = {args.before}, now = {_head()}; "
@@ -249,11 +344,7 @@ def part_one(trees: dict[str, Path], tools: list[str], episodes: int) -> None:
 
 
 def part_two(trees: dict[str, Path], tools: list[str], out: Path, steps: int, warmup: int, sampler: str) -> None:
-    data = out / "data"
-    for tool in ("calculator", "python"):
-        if not (data / tool / "train.jsonl").exists():
-            subprocess.run([sys.executable, str(ROOT / "scripts/tool_task.py"), str(data / tool), "--train", "200",
-                            "--eval", "10", "--tool", tool], check=True, capture_output=True)
+    data = _task_data(out)
     print(f"\n2. rollouts of the tool task, 4 prompts x 8 episodes, at most 3 turns of 40 tokens, {sampler} "
           f"sampler; mean of {steps} rollouts after {warmup} warm-up, seconds")
     print("| tool | code | rollout | sampling (generate_s, env included) | environment | env share of the rollout | "
@@ -272,6 +363,33 @@ def part_two(trees: dict[str, Path], tools: list[str], out: Path, steps: int, wa
             print(f"| {tool} | {label} | {mean('rollout_s'):.1f} | {mean('generate_s'):.1f} | {mean('env_s'):.2f} | "
                   f"{100 * mean('env_s') / mean('rollout_s'):.0f}% | {mean('env_longest_s'):.2f} | {mean('turns'):.2f} | "
                   f"{mean('tool_calls'):.2f} |")
+
+
+def part_three(tools: list[str], out: Path, reps: int) -> None:
+    data = _task_data(out)
+    print(f"fp32 GEMM {gemm():.0f} GFLOP/s at the start; {_head()}; {os.cpu_count()} CPUs")
+    print(f"\n3. the schedules on one engine: {reps} rollouts each of the tool task (SmolLM2-135M, vLLM, 4 prompts x 8 "
+          "episodes, at most 3 turns of 40 tokens), interleaved after a warm-up pair; totals")
+    print("| tool | schedule | rollouts | engine steps | environment wait | tokens | calls / episode |")
+    print("|---|---|---|---|---|---|---|")
+    for tool in tools:
+        rows = run_child(ROOT, ["paired", tool, str(data / ("python" if tool == "python" else "calculator")),
+                                str(reps)])["rollouts"]
+        for continuous in (False, True):
+            mine = [r for r in rows if r["continuous"] == continuous]
+            print(f"| {tool} | {'continuous' if continuous else 'lockstep'} | {sum(r['rollout_s'] for r in mine):.1f} s | "
+                  f"{sum(r['engine_steps'] for r in mine)} | {sum(r['env_s'] for r in mine):.2f} s | "
+                  f"{sum(r['tokens'] for r in mine):.0f} | {statistics.mean(r['tool_calls'] for r in mine):.2f} |")
+    print(f"fp32 GEMM {gemm():.0f} GFLOP/s at the end")
+
+
+def _task_data(out: Path) -> Path:
+    data = out / "data"
+    for tool in ("calculator", "python"):
+        if not (data / tool / "train.jsonl").exists():
+            subprocess.run([sys.executable, str(ROOT / "scripts/tool_task.py"), str(data / tool), "--train", "200",
+                            "--eval", "10", "--tool", tool], check=True, capture_output=True)
+    return data
 
 
 def _head() -> str:

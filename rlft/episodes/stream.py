@@ -133,6 +133,8 @@ class _Loop:
         """Collect the environments' answers (waiting up to ``timeout`` seconds, None: for one) and send the
         episodes that go on back to the engine."""
         busy = [s for s in self.steppers.values() if s.running]
+        if not busy and timeout is None:  # nothing could ever answer: fail rather than wait forever
+            raise RuntimeError(f"{self.waiting} episodes wait on environments that run nothing (an rlft bug)")
         if len(busy) > 1 and timeout is None:
             timeout = POLL_SLICE_S
         for stepper in busy:

@@ -148,13 +148,15 @@ class ToolRunner:
             left = None if end is None else max(0.0, end - time.monotonic())
             running_user = self._pool is not None and self._pool.running > 0
             if self._futures:  # threads and worker pipes cannot be waited on together: the threads in short slices
-                wait_futures(list(self._futures), min(0.005, 0.005 if left is None else left) if running_user else left,
-                             FIRST_COMPLETED)
+                slice_s = 0.005 if left is None else min(0.005, left)
+                wait_futures(list(self._futures), slice_s if running_user else left, FIRST_COMPLETED)
                 self._take_threads()
                 if running_user:
                     self._take_user(0.0)
             elif running_user:
                 self._take_user(left)
+            else:  # open replies with nothing running: fail rather than wait forever
+                raise RuntimeError(f"{len(self._open_replies)} tool replies wait on no call (an rlft bug)")
             if left == 0.0:
                 break
         done, self._done = self._done, []
