@@ -91,11 +91,9 @@ class VLLMSampler:
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Generations:
-        from vllm.inputs import TokensPrompt  # optional (rlft[vllm]); seconds to import
-
         self._wake()
         sp = request_params(params, len(prompts), self.stop, seeded=True)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False,
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False,
                                  lora_request=self.adapter)
         return _generations(outs)
 
@@ -103,15 +101,11 @@ class VLLMSampler:
         """Add one request (``params.n`` completions of ``prompt``, seeded by ``params.seed``) to the engine,
         which takes it in at its next ``step``, beside the requests it is running (an episode's next turn
         while other episodes generate)."""
-        from vllm.inputs import TokensPrompt  # optional (rlft[vllm]); seconds to import
-        from vllm.sampling_params import RequestOutputKind
-
         self._wake()
         sp = request_params(dataclasses.replace(params, prompt_seeds=None), 1, self.stop, seeded=True)
-        sp.output_kind = RequestOutputKind.FINAL_ONLY  # the finished request only, as LLM.generate asks
         self._request += 1
         self._keys[f"rlft-{self._request}"] = key
-        self.llm.llm_engine.add_request(f"rlft-{self._request}", TokensPrompt(prompt_token_ids=prompt), sp,
+        self.llm.llm_engine.add_request(f"rlft-{self._request}", {"prompt_token_ids": prompt}, sp,
                                         lora_request=self.adapter)
 
     def step(self) -> list[tuple[int, Generations]]:
@@ -249,6 +243,7 @@ def request_params(params: SamplingParams, num_prompts: int, stop: list[int], se
     ``prompt_logprobs``: as vLLM's (0: each prompt token's own log-prob; such a request reads no
     prefix cache)."""
     from vllm import SamplingParams as VSamplingParams  # optional (rlft[vllm]); seconds to import
+    from vllm.sampling_params import RequestOutputKind
 
     sp = VSamplingParams(
         n=params.n,
@@ -261,6 +256,7 @@ def request_params(params: SamplingParams, num_prompts: int, stop: list[int], se
         stop_token_ids=stop,  # the same stop set as the hf sampler, whatever vLLM reads from the model dir
         seed=params.seed if seeded else None,
         prompt_logprobs=prompt_logprobs,
+        output_kind=RequestOutputKind.FINAL_ONLY,  # the finished request only (LLM.generate asks the same)
     )
     if params.prompt_seeds is None or not seeded:
         return sp
