@@ -156,8 +156,11 @@ class Pool:
     and come out with ``poll`` as they settle (episodes whose tools run while other episodes generate), or a
     batch at a time with ``settle``."""
 
-    def __init__(self, fn: Callable[..., Any], num_workers: int, timeout_s: float):
+    def __init__(self, fn: Callable[..., Any], num_workers: int, timeout_s: float,
+                 may_fork: Callable[[], bool] = lambda: True):
         self._workers = _Workers(fn, CallPolicy(max(1, num_workers), timeout_s), settle=True, keep=True)
+        self._may_fork = may_fork
+        """Whether a worker may be forked now (not while the caller's threads may hold locks a child would copy)."""
         self._queue: deque[tuple[int, tuple[tuple, dict]]] = deque()
         self.seconds: dict[int, float] = {}
         """How long call ``i`` of the last ``settle`` ran in its worker."""
@@ -185,6 +188,7 @@ class Pool:
         """The calls that settled within ``timeout`` seconds (None: wait for one), by key: (outcome, seconds it
         ran). Nothing when no call is running."""
         w = self._workers
+        self._dispatch()
         if not w.busy:
             return {}
         results: dict[int, Any] = {}
@@ -217,16 +221,15 @@ class Pool:
 
     def _dispatch(self) -> None:
         w = self._workers
-        while self._queue and (w.idle or len(w.idle) + len(w.busy) < w.policy.num_workers):
+        while self._queue and (w.idle or (len(w.busy) < w.policy.num_workers and self._may_fork())):
             worker = w.idle.pop() if w.idle else _Worker(w.ctx, w.fn)
             key, call = self._queue.popleft()
             try:
                 if not worker.process.is_alive():  # it died while idle (the OOM killer's pick, a kill)
                     raise OSError
                 worker.start(key, call, w.policy.timeout_s)
-            except OSError:  # a fresh one takes the call
+            except OSError:  # it is gone: a fresh one takes the call (forked on the next turn of the loop)
                 worker.stop()
-                w.idle.append(_Worker(w.ctx, w.fn))
                 self._queue.appendleft((key, call))
                 continue
             w.busy.append(worker)
@@ -332,7 +335,8 @@ class _Workers:
             failures[worker.index] = CallDied(worker.index, worker.process.exitcode) if died \
                 else CallTimeout(worker.index)
         self.busy.remove(worker)
-        self.idle.append(_Worker(self.ctx, self.fn))
+        if not self.keep:  # a kept pool (Pool) forks its replacement when a call needs it (Pool._dispatch)
+            self.idle.append(_Worker(self.ctx, self.fn))
 
 
 def _unsettled(results: dict[int, Any], failures: dict[int, Exception], bound: int) -> bool:

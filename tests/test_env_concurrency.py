@@ -314,3 +314,21 @@ def test_episode_schedule_auto_is_continuous_under_vllm_only(compose_cfg):
     assert episode_setup(compose_cfg("tools=[calculator]", "sampler=vllm")).continuous
     assert not episode_setup(compose_cfg("tools=[calculator]", "sampler=hf")).continuous
     assert not episode_setup(compose_cfg("tools=[calculator]", "sampler=vllm", "episode.schedule=lockstep")).continuous
+
+
+def test_no_tool_worker_is_forked_while_a_built_in_call_runs():
+    """A fork copies the locks that other threads hold: a user tool's first worker waits for the python tool's
+    program (on a thread) to finish; once forked, workers are reused without waiting."""
+    from rlft.episodes.tool_env import ToolSteps
+
+    c = EpisodeConfig(tool_timeout_s=5.0, python_sandbox="process")
+    with ToolRunner(load_tools([f"{H}:worker_pid", "python"], c), c) as runner:
+        steps, env = ToolSteps(runner), ToolEnv(runner)
+        steps.submit(0, env, _reply("python", code="import time; time.sleep(1.0); print('done')"))
+        steps.submit(1, env, _reply("worker_pid", x=1))
+        order = _arrivals(steps, 2)
+        assert [k for k, _ in order] == [0, 1] and order[1][1] >= 0.9, order
+        steps.submit(2, env, _reply("python", code="import time; time.sleep(1.0); print('done')"))
+        steps.submit(3, env, _reply("worker_pid", x=2))  # the kept worker takes it at once
+        order = _arrivals(steps, 2)
+        assert [k for k, _ in order] == [3, 2] and order[0][1] < 0.5, order

@@ -14,6 +14,7 @@ from rlft.episodes.env import Step
 from rlft.episodes.tokens import turn_suffix_ids
 from rlft.errors import EnvError, EnvOvertime
 from rlft.samplers import Generations, SamplingParams
+from rlft.samplers.base import completion_seeds
 
 
 @dataclass(frozen=True)
@@ -167,3 +168,10 @@ def turn_seed(seed: int, turns_done: int) -> int:
     return seed ^ (turns_done << 40)
 
 
+def first_seeds(params: SamplingParams, num_prompts: int) -> list[int | None]:
+    """Each episode's first-turn seed: what the lockstep loop's one request per prompt gives its n children."""
+    if params.prompt_seeds is not None:
+        return list(completion_seeds(params))
+    if params.seed is not None:
+        return [params.seed + j for _ in range(num_prompts) for j in range(params.n)]
+    return [None] * (num_prompts * params.n)

@@ -28,6 +28,7 @@ from rlft.episodes.episode import (
     apply_step,
     build_env,
     check_step,
+    first_seeds,
     room_after,
     step_inline,
     tell,
@@ -36,7 +37,6 @@ from rlft.episodes.episode import (
 from rlft.episodes.stream import stream_episodes
 from rlft.errors import ConfigError
 from rlft.samplers import Generations, Sampler, SamplingParams
-from rlft.samplers.base import completion_seeds
 
 __all__ = ["Episodes", "Limits", "Progress", "concat", "run_episodes"]
 
@@ -56,7 +56,7 @@ def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], par
             raise ConfigError(f"{type(sampler).__name__} runs episodes in lockstep only (episode.schedule=lockstep)")
         return stream_episodes(sampler, tokenizer, prompts, params, make_env, limits, env_name, progress)
     first = sampler.generate(prompts, params)
-    seeds = completion_seeds(params) or [None] * len(first.completion_ids)
+    seeds = first_seeds(params, len(prompts))
     texts = tokenizer.batch_decode(first.completion_ids, skip_special_tokens=True)
     episodes = []
     t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], par
         for room, idx in _by_room(episodes, going, limits, params.max_new_tokens).items():
             turn_params = dataclasses.replace(
                 params, n=1, max_new_tokens=room, seed=None,
-                prompt_seeds=None if seeds[0] is None else tuple(turn_seed(seeds[i], episodes[i].turns) for i in idx))
+                prompt_seeds=None if seeds[idx[0]] is None else tuple(turn_seed(seeds[i], episodes[i].turns) for i in idx))
             gens = sampler.generate([episodes[i].prompt + episodes[i].tokens for i in idx], turn_params)
             new_texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
             for k, i in enumerate(idx):

@@ -30,13 +30,13 @@ from rlft.episodes.episode import (
     apply_step,
     build_env,
     check_step,
+    first_seeds,
     room_after,
     step_inline,
     tell,
     turn_seed,
 )
 from rlft.samplers import SamplingParams
-from rlft.samplers.base import completion_seeds
 
 POLL_SLICE_S = 0.005
 """How long the loop waits on one source of environment answers when several are running and the engine is idle."""
@@ -47,7 +47,7 @@ def stream_episodes(sampler: Any, tokenizer: Any, prompts: list[list[int]], para
                     progress: Progress | None = None) -> Episodes:
     """As rlft.episodes.run.run_episodes, on a sampler with ``submit``/``step``/``running`` (VLLMSampler)."""
     n = params.n
-    seeds = _first_seeds(params, len(prompts))
+    seeds = first_seeds(params, len(prompts))
     episodes = []
     t0 = time.perf_counter()
     for i in range(len(prompts) * n):
@@ -67,15 +67,6 @@ def stream_episodes(sampler: Any, tokenizer: Any, prompts: list[list[int]], para
                     [e.truncated for e in episodes], [e.logprobs for e in episodes] if logged else None,
                     [e.mask for e in episodes], [e.turns for e in episodes], [e.transcript for e in episodes],
                     [e.reward for e in episodes], loop.events, loop.env_s, [e.env_s for e in episodes])
-
-
-def _first_seeds(params: SamplingParams, num_prompts: int) -> list[int | None]:
-    """Each episode's first-turn seed: what the lockstep loop's one request per prompt gives its n children."""
-    if params.prompt_seeds is not None:
-        return list(completion_seeds(params))
-    if params.seed is not None:
-        return [params.seed + j for _ in range(num_prompts) for j in range(params.n)]
-    return [None] * (num_prompts * params.n)
 
 
 class _Loop:
@@ -165,9 +156,11 @@ class _Loop:
 
     def abandon(self) -> None:
         """After a failure: the engine's requests are aborted and the environments' steps in flight dropped."""
-        self.sampler.abort()
-        for stepper in self.steppers.values():
-            stepper.abandon()
+        try:
+            self.sampler.abort()
+        finally:
+            for stepper in self.steppers.values():
+                stepper.abandon()
 
 
 class _InProcess:

@@ -71,6 +71,8 @@ class ToolSteps:
         """The answers of replies whose calls are all done (waiting up to ``timeout`` seconds for one, None: as
         long as it takes)."""
         if not self.answers:
+            if self.open and not self.runner.running:  # nothing could ever answer: fail rather than wait forever
+                raise RuntimeError(f"{len(self.open)} tool replies are not running (an rlft bug)")
             for key, results, seconds in self.runner.poll(timeout):
                 env, calls = self.open.pop(key)
                 self.answers.append((key, env.finish(calls, results), seconds))

@@ -112,8 +112,9 @@ class VLLMSampler:
         """One engine step (a token for every running request, or a prefill): the requests it finished, by key."""
         done = []
         for out in self.llm.llm_engine.step():
-            if out.finished:
-                done.append((self._keys.pop(out.request_id), _generations([out])))
+            key = self._keys.pop(out.request_id, None) if out.finished else None
+            if key is not None:  # not one of ours (aborted, or another caller's): skipped
+                done.append((key, _generations([out])))
         return done
 
     @property
@@ -123,9 +124,9 @@ class VLLMSampler:
 
     def abort(self) -> None:
         """Drop the submitted requests not yet finished (a rollout that failed half-way)."""
-        if self._keys:
-            self.llm.llm_engine.abort_request(list(self._keys))
-            self._keys.clear()
+        ids, self._keys = list(self._keys), {}
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """Log-probs of the completion as vLLM computes them for a prompt (``prompt_logprobs=0``: the

@@ -118,9 +118,10 @@ class ToolRunner:
 
     def start_replies(self, replies: Sequence[tuple[int, Sequence[ToolCall]]]) -> None:
         """Start the calls of each ``(key, calls)`` reply, capped as in run_replies; ``poll`` hands each reply's
-        results back, by key, once all its calls are done. User tools are sent first, then the built-ins start:
-        forking a worker (a first one, or more up to ``env_workers``) while threads of this process are inside
-        subprocess calls could copy a held lock into it."""
+        results back, by key, once all its calls are done. Forking a worker while threads of this process are
+        inside subprocess calls could copy a held lock into it, so user tools are sent first, then the built-ins
+        start, and a worker (a new one up to ``env_workers``, or one replacing a worker that hung or died) is forked
+        only while no built-in call is running: until then the user calls wait for an idle worker."""
         self._start(replies, self.cfg.max_tool_calls)
 
     def _start(self, replies: Sequence[tuple[int, Sequence[ToolCall]]], cap: int | None) -> None:
@@ -128,7 +129,8 @@ class ToolRunner:
         for key, reply in started:
             for i in reply.user:
                 if self._pool is None:
-                    self._pool = Pool(self._call_user, self.cfg.env_workers, self.cfg.tool_timeout_s)
+                    self._pool = Pool(self._call_user, self.cfg.env_workers, self.cfg.tool_timeout_s,
+                                      may_fork=lambda: not self._futures)
                 self._tickets[self._next_ticket] = (key, i)
                 self._pool.submit(self._next_ticket, ((reply.calls[i].name, reply.calls[i].arguments), {}))
                 self._next_ticket += 1
@@ -162,13 +164,24 @@ class ToolRunner:
         done, self._done = self._done, []
         return done
 
+    @property
+    def running(self) -> int:
+        """Replies started and not yet handed back by poll."""
+        return len(self._open_replies) + len(self._done)
+
     def _settle(self, replies: Sequence[Sequence[ToolCall]], cap: int | None) -> tuple[list[list[ToolResult]], list[float]]:
         keys = [-1 - k for k in range(len(replies))]  # below the keys streaming callers use (>= 0)
         try:
             self._start(list(zip(keys, replies)), cap)
             got: dict[int, tuple[list[ToolResult], float]] = {}
+            others: list[tuple[int, list[ToolResult], float]] = []  # replies started by start_replies, kept for poll
             while len(got) < len(keys):
-                got.update((key, (results, s)) for key, results, s in self.poll(None))
+                for key, results, s in self.poll(None):
+                    if key < 0:
+                        got[key] = (results, s)
+                    else:
+                        others.append((key, results, s))
+            self._done += others
         except BaseException:
             self.abandon()
             raise
@@ -211,9 +224,12 @@ class ToolRunner:
                                max(reply.seconds, default=0.0)))
 
     def abandon(self) -> None:
-        """Forget the replies in flight (an interrupted batch): their user calls' workers are stopped."""
+        """Forget the replies in flight (an interrupted batch): their user calls' workers are stopped, their
+        built-in calls not started yet are cancelled."""
         if self._pool is not None:
             self._pool.abandon()
+        for future in self._futures:
+            future.cancel()
         self._open_replies, self._tickets, self._futures, self._done = {}, {}, {}, []
 
     @property
