@@ -46,7 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE = "066dd84"
 """The last commit before issue 36's changes to the episode loop."""
-TOOLS = {"sleep": "scripts.bench_episodes:calculator", "python": "python", "calculator": "calculator"}
+TOOLS = {"sleep": "scripts.bench_episodes:calculator", "python": "python", "calculator": "calculator", "none": ""}
+"""``--tools`` choices; ``none``: the same prompts without tools (part 2: the sampler alone, before against now)."""
 
 
 def calculator(expression: str) -> str:
@@ -160,9 +161,9 @@ def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str, sc
     setattr(loop, name, timed)
     cfg, _, _ = compose([
         "algo=grpo", "model=smollm2_135m", "data=jsonl", f"data.path={data}/train.jsonl", "data.num_eval=0",
-        f"tools=[{TOOLS[tool]}]", "episode.max_turns=3", "reward.fns=[math_correct]", f"sampler={sampler}",
-        "sampler.max_new_tokens=40", "sampler.temperature=0.7", "trainer.num_prompts=4", "sampler.n=8",
-        f"trainer.steps={steps + warmup}", "logger.console=false",
+        *([f"tools=[{TOOLS[tool]}]", "episode.max_turns=3"] if tool != "none" else []), "reward.fns=[math_correct]",
+        f"sampler={sampler}", "sampler.max_new_tokens=40", "sampler.temperature=0.7", "trainer.num_prompts=4",
+        "sampler.n=8", f"trainer.steps={steps + warmup}", "logger.console=false",
         *([f"episode.schedule={schedule}"] if schedule != "-" else [])])
     c = build_components(cfg)
     out = []
@@ -171,7 +172,7 @@ def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str, sc
         t0 = time.perf_counter()
         m = collect_rollout(c, cfg).metrics
         out.append({"rollout_s": time.perf_counter() - t0, "generate_s": m["time/generate_s"],
-                    "env_s": m["time/env_s"] if schedule == "continuous" else env_s[0],
+                    "env_s": m.get("time/env_s", 0.0) if schedule == "continuous" else env_s[0],
                     "env_longest_s": m.get("time/env_longest_s", float("nan")),
                     "turns": m.get("episode/turns", 0.0), "tool_calls": m.get("episode/tool_calls", 0.0)})
     return {"steps": out[warmup:]}
@@ -354,7 +355,9 @@ def part_two(trees: dict[str, Path], tools: list[str], out: Path, steps: int, wa
                                                      if sampler == "vllm" or s == "lockstep"]
     for tool in tools:
         task = data / ("python" if tool == "python" else "calculator")
-        for label, tree, schedule in variants:
+        # no tools: one reply per prompt, the sampler alone (before and now alternating, twice each)
+        for label, tree, schedule in variants if tool != "none" else [("before", trees["before"], "-"),
+                                                                      ("now", trees["now"], "-")] * 2:
             s = run_child(tree, ["steps", tool, str(task), str(steps), str(warmup), sampler, schedule])["steps"]
 
             def mean(key: str, rows: list[dict] = s) -> float:
