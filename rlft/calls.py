@@ -153,31 +153,14 @@ class Pool:
     ``num_workers`` processes forked when first needed and reused after; a worker that hung (killed at
     ``timeout_s``) or died is replaced by a fresh one, and one found dead while idle is replaced before it is
     given a call. Each call is settled on its own, as :func:`settle_calls` does. Calls go in with ``submit``
-    and come out with ``poll`` as they settle (episodes whose tools run while other episodes generate), or a
-    batch at a time with ``settle``."""
+    and come out with ``poll`` as they settle (episodes whose tools run while other episodes generate)."""
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout_s: float,
                  may_fork: Callable[[], bool] = lambda: True):
-        self._workers = _Workers(fn, CallPolicy(max(1, num_workers), timeout_s), settle=True, keep=True)
+        self._workers = _Workers(fn, CallPolicy(max(1, num_workers), timeout_s), keep=True)
         self._may_fork = may_fork
         """Whether a worker may be forked now (not while the caller's threads may hold locks a child would copy)."""
         self._queue: deque[tuple[int, tuple[tuple, dict]]] = deque()
-        self.seconds: dict[int, float] = {}
-        """How long call ``i`` of the last ``settle`` ran in its worker."""
-
-    def settle(self, calls: Sequence[tuple[tuple, dict]]) -> list[Any]:
-        """Every call's result, or the CallFailed, CallTimeout or CallDied that ended it."""
-        done: dict[int, tuple[Any, float]] = {}
-        try:
-            for i, call in enumerate(calls):
-                self.submit(i, call)
-            while len(done) < len(calls):
-                done.update(self.poll(None))
-        except BaseException:
-            self.abandon()
-            raise
-        self.seconds = {i: s for i, (_, s) in done.items()}
-        return [done[i][0] for i in range(len(calls))]
 
     def submit(self, key: int, call: tuple[tuple, dict]) -> None:
         """Queue a call (``key``: how ``poll`` names it); it starts at once when a worker is free or may be forked."""
@@ -224,15 +207,8 @@ class Pool:
         while self._queue and (w.idle or (len(w.busy) < w.policy.num_workers and self._may_fork())):
             worker = w.idle.pop() if w.idle else _Worker(w.ctx, w.fn)
             key, call = self._queue.popleft()
-            try:
-                if not worker.process.is_alive():  # it died while idle (the OOM killer's pick, a kill)
-                    raise OSError
-                worker.start(key, call, w.policy.timeout_s)
-            except OSError:  # it is gone: a fresh one takes the call (forked on the next turn of the loop)
-                worker.stop()
+            if not w.send(worker, key, call):  # a fresh one takes the call (forked on the next turn of the loop)
                 self._queue.appendleft((key, call))
-                continue
-            w.busy.append(worker)
 
 
 Worker = _Worker
@@ -242,7 +218,8 @@ Worker = _Worker
 class _Workers:
     """``policy.num_workers`` (at least 1) workers for one function; a hung or dead one is replaced. With
     ``settle``, a failure neither stops the calls after it nor is raised: it is that call's result. With
-    ``keep``, the idle workers outlive run() (close() stops them)."""
+    ``keep`` (Pool's workers, which never go through run()), a hung or dead worker's replacement is forked when a
+    call needs it, not at once."""
 
     def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False, keep: bool = False):
         self.fn, self.policy, self.settle, self.keep = fn, policy, settle, keep
@@ -269,28 +246,32 @@ class _Workers:
             while _unsettled(results, failures, self._bound(len(calls), failures)):
                 while queue and self.idle and queue[0] < self._bound(len(calls), failures):
                     worker, i = self.idle.pop(), queue.popleft()
-                    try:
-                        if not worker.process.is_alive():  # it died while idle (the OOM killer's pick, a kill)
-                            raise OSError
-                        worker.start(i, calls[i], self.policy.timeout_s)
-                    except OSError:  # a fresh one takes the call
-                        worker.stop()
+                    if not self.send(worker, i, calls[i]):  # a fresh one takes the call
                         self.idle.append(_Worker(self.ctx, self.fn))
                         queue.appendleft(i)
-                        continue
-                    self.busy.append(worker)
                 self._collect(results, failures, timed_out)
         finally:
-            for worker in self.busy if self.keep else self.idle + self.busy:
+            for worker in self.idle + self.busy:
                 worker.stop()
-            self.busy = []
-            if not self.keep:
-                self.idle = []
+            self.idle, self.busy = [], []
         if self.settle:
             return [results[i] if i in results else failures[i] for i in range(len(calls))]
         if failures:
             raise failures[min(failures)]
         return [results[i] for i in range(len(calls))]
+
+    def send(self, worker: _Worker, index: int, call: tuple[tuple, dict]) -> bool:
+        """Start ``call`` on idle ``worker``, which is then busy; False (the worker stopped) when it died while
+        idle (the OOM killer's pick, a kill) or between two calls."""
+        try:
+            if not worker.process.is_alive():
+                raise OSError
+            worker.start(index, call, self.policy.timeout_s)
+        except OSError:
+            worker.stop()
+            return False
+        self.busy.append(worker)
+        return True
 
     def _bound(self, n: int, failures: dict[int, Exception]) -> int:
         """Calls before this index are run: all of them when settling, else those before the first failure."""

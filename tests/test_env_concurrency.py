@@ -201,7 +201,12 @@ def test_kept_workers_do_not_copy_the_trainers_python_heap():
     heap = [{"k": i, "v": [i]} for i in range(1_000_000)]  # ~130 MiB of Python objects, as a trainer holds
     pool = Pool(_collect_and_measure, 2, 60.0)
     try:
-        private = pool.settle([((i,), {}) for i in range(2)])
+        for i in range(2):
+            pool.submit(i, ((i,), {}))
+        got: dict = {}
+        while len(got) < 2:
+            got.update(pool.poll(None))
+        private = [got[i][0] for i in range(2)]
     finally:
         pool.close()
     # Without gc.freeze() in the worker, a collection writes to every inherited object: ~125 MiB copied per worker.

@@ -28,6 +28,7 @@ from typing import Any
 
 from rlft.calls import Worker as _Worker
 from rlft.episodes.env import Step
+from rlft.episodes.episode import check_step
 from rlft.errors import Described, EnvError, how_it_ended
 
 _HELD: dict[int, Any] = {}
@@ -216,8 +217,7 @@ class EnvPool:
                     raise EnvError(f"{self.name}: {job[4]} raised {type(error).__name__}: {error}")
                 del self._busy[slot]
                 if job[2] == "step":
-                    if not isinstance(value, Step):
-                        raise EnvError(f"{self.name}: step() returned {type(value).__name__}, not rlft.episodes.env.Step")
+                    check_step(value, self.name)
                     out.append((job[0], value, time.monotonic() - w.started))
             elif w.process.sentinel in ready or time.monotonic() >= w.deadline:
                 raise self._lost(job, w, w.process.sentinel in ready)
