@@ -648,8 +648,8 @@ class EpisodeConfig:
     """How the episodes of a rollout advance: continuous (each turn is its own request, and an episode's next
     turn enters the engine as soon as its environment has answered, while others generate or wait: vLLM only),
     lockstep (every episode's turn k, then every environment, then turn k + 1), or auto (continuous under
-    sampler=vllm, lockstep under hf). The same seeds give the same episodes either way (token for token on the
-    CPU; on a GPU up to the rounding of kernels that depend on the batch)."""
+    sampler=vllm, lockstep under hf). The same seeds give the same episodes either way (token for token in fp32 on
+    the CPU; in bf16 and on a GPU up to the rounding of kernels that depend on the batch)."""
     env_workers: int = knob(32, (HARMLESS, "how many environment calls run at once; the episodes are unchanged"),
                             range="[1, inf)")
     """Worker processes that run the user tools' calls (and hold the episode.env environments) of the episodes
