@@ -20,7 +20,7 @@ from rlft.models import build_policy
 from rlft.models.policy import Policy
 from rlft.samplers import build_sampler, check_mergeable, sync_sampler
 from rlft.samplers.readback import columns
-from rlft.served_weights import differing
+from rlft.served_weights import Merged, differing
 from rlft.sync_check import (
     PROMPT_TAIL,
     TOL_FP32,
@@ -285,7 +285,7 @@ def test_rounding_comparison_by_hand():
     learner's base under an fp32 engine (the model's fp32 files) passes at bf16, not at fp32; a weight
     that must be 0 is 0."""
     def count(want, served, dtype):
-        return differing({"w": (want,)}, {"w": (served,)}, dtype)["w"]
+        return differing({"w": Merged(want, torch.zeros_like(want))}, {"w": (served,)}, dtype)["w"]
 
     files = torch.tensor([[0.1234567, -0.7654321, 3.3e-3]])
     learner = files.to(torch.bfloat16).float()  # a bf16 learner holds its base rounded
@@ -297,6 +297,26 @@ def test_rounding_comparison_by_hand():
     zero = torch.zeros(1, 2)
     assert count(zero, torch.tensor([[0.0, 1e-3]]), torch.bfloat16) == (1, 2)
     assert count(zero, torch.zeros(2, 1), torch.bfloat16) == (2, 2)  # another shape: all differ
+
+
+def test_a_merged_weight_where_base_and_delta_cancel_passes_at_its_sums_rounding():
+    """Seen after one fp32 update of the tiny model: base + B @ A * scaling near 0, the learner's sum over four
+    columns and the sampler's over the whole weight 128 fp32 steps of the value apart, 0.02 steps of the terms'
+    magnitude. The slack covers the two sums' rounding (r steps each of |B| @ |A| * scaling), not an update."""
+    torch.manual_seed(0)
+    r, scaling = 8, 2.0
+    b, a = torch.randn(1, r) * 0.05, torch.randn(r, 4) * 0.05
+    delta = b @ a * scaling
+    base = -delta + torch.tensor([[-2.29e-6, 1e-3, 0.0, 5e-7]])  # near cancellation
+    want = base + delta
+    slack = b.abs() @ a.abs() * scaling * 2 * r * 2.0 ** -24
+    resummed = base + (b.double() @ a.double() * scaling).float()  # the same sum, rounded once
+    off = want + torch.tensor([[2.9e-11, 0.0, 0.0, 0.0]])  # the seen difference
+    for served in (resummed, off):
+        assert differing({"w": Merged(want, slack)}, {"w": (served,)}, torch.float32)["w"] == (0, 4)
+        assert differing({"w": Merged(want, torch.zeros_like(want))}, {"w": (off,)}, torch.float32)["w"][0] >= 1
+    stale = base + delta * 0.999  # one more update's worth away from the served weights
+    assert differing({"w": Merged(want, slack)}, {"w": (stale,)}, torch.float32)["w"][0] >= 3
 
 
 def test_full_fine_tuning_compares_every_linear_layer():
