@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rlft.errors import CallDied, CallFailed, CallTimeout, Described, how_it_ended  # noqa: F401  (re-exported)
+from rlft.worker_server import context, forks_here
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ class _Worker:
     def __init__(self, ctx: Any, fn: Callable[..., Any]):
         self.conn, child = ctx.Pipe()
         _PARENT_ENDS.add(self.conn)
-        self.process = ctx.Process(target=_serve, args=(fn, child, os.getpid()), daemon=True)
+        parent = os.getpid() if forks_here(ctx) else None  # a server's worker learns its parent's pid itself
+        self.process = ctx.Process(target=_serve, args=(fn, child, parent), daemon=True)
         try:
             self.process.start()
         except BaseException:
@@ -204,7 +206,8 @@ class Pool:
 
     def _dispatch(self) -> None:
         w = self._workers
-        while self._queue and (w.idle or (len(w.busy) < w.policy.num_workers and self._may_fork())):
+        while self._queue and (w.idle or (len(w.busy) < w.policy.num_workers
+                                          and (not forks_here(w.ctx) or self._may_fork()))):
             worker = w.idle.pop() if w.idle else _Worker(w.ctx, w.fn)
             key, call = self._queue.popleft()
             if not w.send(worker, key, call):  # a fresh one takes the call (forked on the next turn of the loop)
@@ -223,7 +226,10 @@ class _Workers:
 
     def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False, keep: bool = False):
         self.fn, self.policy, self.settle, self.keep = fn, policy, settle, keep
-        self.ctx = multiprocessing.get_context("fork")  # workers inherit the imported user modules
+        # A kept pool's workers come from the worker server (rlft.worker_server: a worker forked from the trainer
+        # keeps the pages the trainer writes later); run()'s live for one batch of calls and are forked from the
+        # trainer, inheriting the user modules as the trainer has them.
+        self.ctx = context(fn) if keep else multiprocessing.get_context("fork")
         self.idle: list[_Worker] = []
         self.busy: list[_Worker] = []
         self.seconds: dict[int, float] = {}
@@ -327,13 +333,15 @@ def _unsettled(results: dict[int, Any], failures: dict[int, Exception], bound: i
     return any(i not in results and i not in failures for i in range(bound))
 
 
-def _serve(fn: Callable[..., Any], conn: Connection, trainer: int) -> None:
+def _serve(fn: Callable[..., Any], conn: Connection, parent: int | None) -> None:
     """A worker's loop. It leaves the trainer's process group: a stop signal sent to the whole group
     (torch's agent, coreutils ``timeout``, SLURM) is meant for the trainer, which finishes its step
     with the worker's help and then kills it. Forked workers inherit the trainer's Ctrl-C/SIGTERM
     handler: the defaults go back, so that killing a worker stops it. The objects inherited from the
     trainer are frozen out of the garbage collector: a collection would write to every one of them and
-    copy the trainer's Python heap into each worker (a worker is kept for the run)."""
+    copy the trainer's Python heap into each worker (a worker is kept for the run). ``parent``: the trainer's
+    pid (None: the worker server's, read at once)."""
+    parent = os.getppid() if parent is None else parent
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
@@ -342,7 +350,7 @@ def _serve(fn: Callable[..., Any], conn: Connection, trainer: int) -> None:
     for other in _PARENT_ENDS:
         other.close()
     _PARENT_ENDS.clear()
-    _die_with(trainer)
+    die_with(parent)
     while True:
         try:
             args, kwargs = conn.recv()
@@ -355,9 +363,10 @@ def _serve(fn: Callable[..., Any], conn: Connection, trainer: int) -> None:
         conn.send(_picklable(reply))
 
 
-def _die_with(trainer: int) -> None:
-    """Have the kernel SIGKILL this worker when the trainer dies (kill -9, the OOM killer): out of its
-    process group, no group signal reaches it. Linux only; elsewhere the worker ends on its pipe's EOF."""
+def die_with(parent: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent`` (the trainer, or the worker server) dies (kill -9,
+    the OOM killer): out of its process group, no group signal reaches it. Linux only; elsewhere a worker ends
+    on its pipe's EOF."""
     if sys.platform != "linux":
         return
     try:
@@ -365,7 +374,7 @@ def _die_with(trainer: int) -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != trainer:  # it died before prctl took effect
+    if os.getppid() != parent:  # it died before prctl took effect
         os._exit(0)
 
 

@@ -195,11 +195,12 @@ def _collect_and_measure(x: int) -> float:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux's smaps_rollup")
-def test_kept_workers_do_not_copy_the_trainers_python_heap():
+def test_workers_forked_from_the_trainer_do_not_copy_its_python_heap():
+    """A function that does not pickle (a closure) runs in workers forked from the trainer (rlft.worker_server)."""
     from rlft.calls import Pool
 
     heap = [{"k": i, "v": [i]} for i in range(1_000_000)]  # ~130 MiB of Python objects, as a trainer holds
-    pool = Pool(_collect_and_measure, 2, 60.0)
+    pool = Pool(lambda x: _collect_and_measure(x), 2, 60.0)
     try:
         for i in range(2):
             pool.submit(i, ((i,), {}))
@@ -321,19 +322,32 @@ def test_episode_schedule_auto_is_continuous_under_vllm_only(compose_cfg):
     assert not episode_setup(compose_cfg("tools=[calculator]", "sampler=vllm", "episode.schedule=lockstep")).continuous
 
 
-def test_no_tool_worker_is_forked_while_a_built_in_call_runs():
-    """A fork copies the locks that other threads hold: a user tool's first worker waits for the python tool's
-    program (on a thread) to finish; once forked, workers are reused without waiting."""
+def test_no_tool_worker_is_forked_here_while_a_built_in_call_runs():
+    """A fork copies the locks that other threads hold: a user tool whose worker would be forked from this process
+    (a closure: rlft.worker_server) waits for the python tool's program (on a thread) to finish; once forked,
+    workers are reused without waiting. The worker server's workers are forked there, and start at once."""
+    import dataclasses
+
     from rlft.episodes.tool_env import ToolSteps
+    from tests.tool_helpers import worker_pid
 
     c = EpisodeConfig(tool_timeout_s=5.0, python_sandbox="process")
-    with ToolRunner(load_tools([f"{H}:worker_pid", "python"], c), c) as runner:
+    served = load_tools([f"{H}:worker_pid", "python"], c)
+    closure = [dataclasses.replace(served[0], fn=lambda x: worker_pid(x)), served[1]]
+    sleep = _reply("python", code="import time; time.sleep(1.0); print('done')")
+    with ToolRunner(served, c) as runner:
         steps, env = ToolSteps(runner), ToolEnv(runner)
-        steps.submit(0, env, _reply("python", code="import time; time.sleep(1.0); print('done')"))
+        steps.submit(0, env, sleep)
+        steps.submit(1, env, _reply("worker_pid", x=1))
+        order = _arrivals(steps, 2)
+        assert [k for k, _ in order] == [1, 0] and order[0][1] < 0.5, order
+    with ToolRunner(closure, c) as runner:
+        steps, env = ToolSteps(runner), ToolEnv(runner)
+        steps.submit(0, env, sleep)
         steps.submit(1, env, _reply("worker_pid", x=1))
         order = _arrivals(steps, 2)
         assert [k for k, _ in order] == [0, 1] and order[1][1] >= 0.9, order
-        steps.submit(2, env, _reply("python", code="import time; time.sleep(1.0); print('done')"))
+        steps.submit(2, env, sleep)
         steps.submit(3, env, _reply("worker_pid", x=2))  # the kept worker takes it at once
         order = _arrivals(steps, 2)
         assert [k for k, _ in order] == [3, 2] and order[0][1] < 0.5, order

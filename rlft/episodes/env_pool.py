@@ -18,7 +18,6 @@ train on a reward that the bug, not the policy, decided. The pool is then stoppe
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import time
 import weakref
 from collections import deque
@@ -28,23 +27,10 @@ from typing import Any
 
 from rlft.calls import Worker as _Worker
 from rlft.episodes.env import Step
+from rlft.episodes.env_worker import env_call
 from rlft.episodes.episode import check_step
 from rlft.errors import Described, EnvError, how_it_ended
-
-_HELD: dict[int, Any] = {}
-"""In a worker: its environments by id."""
-
-
-def _env_call(env_class: Any, op: str, eid: int, arg: Any, drops: list[int]) -> Any:
-    """In a worker: drop the finished environments, then build environment ``eid`` from problem ``arg``
-    (``op`` build) or step it with reply ``arg`` (``op`` step)."""
-    for d in drops:
-        _HELD.pop(d, None)
-    if op == "build":
-        _HELD[eid] = env_class(arg)
-        return None
-    return _HELD[eid].step(arg)
-
+from rlft.worker_server import context
 
 _Job = tuple[Any, "WorkerEnv", str, Any, str]
 """A call for a worker: (the step's key or None for a build, environment, op, argument, what it does in words)."""
@@ -80,7 +66,8 @@ class EnvPool:
 
     def __init__(self, env_class: Any, name: str, num_workers: int, timeout_s: float):
         self.env_class, self.name, self.num_workers, self.timeout_s = env_class, name, max(1, num_workers), timeout_s
-        self.ctx = multiprocessing.get_context("fork")  # workers inherit the imported environment module
+        self._fn = functools.partial(env_call, env_class)
+        self.ctx = context(self._fn)  # from the worker server, which imports the environment's module
         self.workers: list[_Worker] = []
         self.live: list[int] = []
         """Per worker, the environments it holds that an episode still uses."""
@@ -95,7 +82,7 @@ class EnvPool:
     def make(self, problem: Any) -> WorkerEnv:
         """An environment for ``problem`` (built in its worker at the first step)."""
         if len(self.workers) < self.num_workers and all(self.live):
-            self.workers.append(_Worker(self.ctx, functools.partial(_env_call, self.env_class)))
+            self.workers.append(_Worker(self.ctx, self._fn))
             self.live.append(0)
             self.drops.append([])
         slot = min(range(len(self.workers)), key=self.live.__getitem__)

@@ -10,11 +10,12 @@ python tool's process behind.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -76,6 +77,12 @@ def count_errors(results: Sequence[ToolResult]) -> dict[str, int]:
     return {kind: counts.get(kind, 0) for kind in ERRORS}
 
 
+def _call_user(tools: dict[str, Callable[..., Any]], name: str, arguments: dict[str, Any]) -> Any:
+    """In a worker: the user tool's text, or what else it returned as NotAString (any object would have to be
+    pickled back, and some cannot)."""
+    return _text_or_not(tools[name](**arguments))
+
+
 class ToolRunner:
     """Runs calls of ``tools`` under ``cfg``'s limits (``tool_timeout_s``, ``tool_output_chars``).
 
@@ -129,7 +136,8 @@ class ToolRunner:
         for key, reply in started:
             for i in reply.user:
                 if self._pool is None:
-                    self._pool = Pool(self._call_user, self.cfg.env_workers, self.cfg.tool_timeout_s,
+                    user = {name: tool.fn for name, tool in self.tools.items() if not tool.builtin}
+                    self._pool = Pool(functools.partial(_call_user, user), self.cfg.env_workers, self.cfg.tool_timeout_s,
                                       may_fork=lambda: not self._futures)
                 self._tickets[self._next_ticket] = (key, i)
                 self._pool.submit(self._next_ticket, ((reply.calls[i].name, reply.calls[i].arguments), {}))
@@ -265,11 +273,6 @@ class ToolRunner:
             return self._error(call.name, "bad_arguments",
                                f"bad arguments for {call.name}: {why}; call it as {call.name}{_signature(tool)}")
         return None
-
-    def _call_user(self, name: str, arguments: dict[str, Any]) -> Any:
-        """In a worker: the tool's text, or what else it returned as NotAString (any object would have to be
-        pickled back, and some cannot)."""
-        return _text_or_not(self.tools[name].fn(**arguments))
 
     def _timed_builtin(self, name: str, arguments: dict[str, Any]) -> tuple[Any, float]:
         start = time.monotonic()

@@ -1,0 +1,89 @@
+"""Where worker processes kept for the run (tool calls, ``episode.env`` environments) are forked from: a small
+server process (multiprocessing's forkserver: a fresh interpreter, started once), not the trainer.
+
+A worker forked from the trainer shares the trainer's memory copy-on-write, and keeps every page the trainer
+writes afterwards: the trainer's next update writes the memory its last update freed, and each written page is
+copied, the worker keeping the old one. Measured (docs/results.md, the tool task on SmolLM2-135M at
+``trainer.micro_batch_size=16``): 16 tool workers forked while the trainer held 13.4 GB took the 24 GB machine
+out of memory during the next update. A worker forked from the server shares only the server's few modules.
+It neither holds the trainer's memory (the data's answers included) nor inherits its open files.
+
+The server imports :data:`_PRELOAD` once when it starts (the program's entry point, the modules of the user's
+tools and environments), so that the workers share those imports instead of each importing them. It runs the
+function of a worker after unpickling it by reference: a function that does not pickle (a closure) is run by
+a worker forked from the trainer instead (``context``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import multiprocessing
+import os
+import pickle
+import sys
+import types
+from typing import Any
+
+_PRELOAD: list[str] = ["rlft.worker_server_init", "rlft.calls"]
+SERVER_ENV = "RLFT_WORKER_SERVER"
+"""Set before the server starts to what its first import (rlft.worker_server_init) needs: the trainer's pid (it
+acts only in a direct child of that process) and how the trainer's ``__main__`` is named to a worker."""
+
+
+def preload(*modules: str) -> None:
+    """Have the server import ``modules`` when it starts (those named after it started are imported by each
+    worker that needs them)."""
+    _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
+
+
+def context(fn: Any) -> Any:
+    """The multiprocessing context to start a worker of ``fn`` with: the server's (forkserver) when ``fn``
+    pickles, else fork (a closure can only be inherited)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    modules = _modules(fn)
+    try:
+        pickle.dumps(fn)
+    except Exception:  # noqa: BLE001  (pickling may raise anything)
+        return multiprocessing.get_context("fork")
+    if "__main__" in modules:  # the server's workers do not run the trainer's script
+        return multiprocessing.get_context("fork")
+    preload(*sorted(modules))
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(_PRELOAD))  # no effect once the server runs
+    os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), **_main_names()})
+    return ctx
+
+
+def forks_here(ctx: Any) -> bool:
+    """Whether ``ctx`` forks its workers from this process (its threads' held locks would be copied)."""
+    return ctx.get_start_method() == "fork"
+
+
+def _main_names() -> dict[str, str | None]:
+    """How a worker's start (multiprocessing.spawn.prepare) names the trainer's ``__main__``: the server's own
+    ``__main__`` is given these names, so that its workers find their main module already there and do not run
+    the trainer's script (which would import its modules in every worker, and start it again where it lacks an
+    ``if __name__ == "__main__"`` guard)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    return {"name": name, "path": None if name or path is None else os.path.normpath(path)}
+
+
+def _modules(obj: Any, depth: int = 0) -> set[str]:
+    """The modules defining the functions and classes in ``obj`` (a partial, a dict or sequence of them)."""
+    if depth > 3:
+        return set()
+    if isinstance(obj, functools.partial):
+        parts = [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, dict):
+        parts = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        parts = list(obj)
+    elif isinstance(obj, (types.FunctionType, type)) and obj.__module__ != "builtins":
+        return {obj.__module__}
+    else:
+        return set()
+    return set().union(*(_modules(p, depth + 1) for p in parts))

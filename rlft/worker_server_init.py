@@ -1,0 +1,40 @@
+"""Imported first by the worker server (rlft.worker_server) when it starts, and acting only there (a direct
+child of the process named in ``RLFT_WORKER_SERVER``). The server leaves the trainer's process group, as each
+worker does (rlft.calls), so that a stop signal sent to the whole group (Ctrl-C, torch's agent, coreutils
+``timeout``, SLURM), meant for the trainer, does not end the server and with it the workers the trainer still
+needs to finish its step; the kernel kills the server when the trainer dies (its workers then follow it, each
+set to die with its parent). Its ``__main__`` takes the trainer's main module's names (see
+rlft.worker_server._main_names)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import signal
+import sys
+
+from rlft.calls import die_with
+from rlft.worker_server import SERVER_ENV
+
+
+def _start_server() -> None:
+    try:
+        told = json.loads(os.environ.get(SERVER_ENV, ""))
+    except ValueError:
+        return
+    if told.get("trainer") != os.getppid():
+        return
+    del os.environ[SERVER_ENV]  # not for the workers' own children
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with(told["trainer"])
+    main = sys.modules["__main__"]
+    if told.get("name"):
+        main.__spec__ = importlib.machinery.ModuleSpec(told["name"], None)
+    if told.get("path"):
+        main.__file__ = told["path"]
+
+
+_start_server()

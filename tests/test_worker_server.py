@@ -1,0 +1,112 @@
+"""Workers kept for the run (tool calls, episode.env environments) come from the worker server, not the trainer
+(rlft.worker_server): they do not hold the trainer's memory, they outlive a stop signal sent to the trainer's
+whole process group, they end when the trainer is killed, and they do not run the trainer's script again.
+Real processes throughout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+linux = pytest.mark.skipif(sys.platform != "linux", reason="/proc and the kernel's parent-death signal are Linux's")
+
+
+def _settle(pool, n: int) -> dict:
+    for key in range(n):
+        pool.submit(key, ((key,), {}))
+    got: dict = {}
+    while len(got) < n:
+        got.update(pool.poll(None))
+    return {k: v for k, (v, _) in got.items()}
+
+
+@linux
+def test_kept_workers_do_not_share_the_trainers_memory():
+    from rlft.calls import Pool
+    from tests.tool_helpers import own_memory
+
+    held = bytearray(400 * 2**20)  # the trainer's weights, activations, the data's answers
+    held[::4096] = b"\1" * len(held[::4096])
+    served, forked = Pool(own_memory, 2, 60.0), Pool(lambda x: own_memory(x), 2, 60.0)
+    try:
+        for got in _settle(served, 2).values():
+            parent, rss = map(int, got.split())
+            assert parent != os.getpid() and rss < 200, got  # forked by the server: ~15 MiB
+        for got in _settle(forked, 2).values():  # a closure cannot be sent to the server: forked from here
+            parent, rss = map(int, got.split())
+            assert parent == os.getpid() and rss >= 400, got
+    finally:
+        served.close()
+        forked.close()
+    assert held[4096] == 1
+
+
+# The trainer: a script without an `if __name__ == "__main__":` guard (a worker that ran it again would start
+# another pool); "SIGTERM" is printed by its handler, which lets the step finish, as rlft's does.
+TRAINER = """
+import os, signal, sys, time
+from rlft.calls import Pool
+from tests.tool_helpers import naps
+print("started", os.getpid(), flush=True)
+signal.signal(signal.SIGTERM, lambda *a: print("SIGTERM", flush=True))
+pool = Pool(naps, 2, 30.0)
+pool.submit(0, ((float(sys.argv[1]),), {}))
+pool.submit(1, ((float(sys.argv[1]),), {}))
+time.sleep(0.5)
+print("workers", *pool.pids, *[w.process.pid for w in pool._workers.busy], flush=True)
+got = {}
+while len(got) < 2:
+    got.update(pool.poll(None))
+print("results", *[got[k][0] for k in (0, 1)], flush=True)
+"""
+
+
+def _trainer(seconds: float) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(seconds)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().startswith("started")
+    line = proc.stdout.readline()
+    assert line.startswith("workers"), line + proc.stderr.read()
+    return proc, [int(p) for p in line.split()[1:]]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@linux
+def test_a_stop_signal_to_the_trainers_group_leaves_its_workers_to_finish_the_step():
+    proc, workers = _trainer(2.0)
+    try:
+        assert len(workers) == 2
+        server = int(open(f"/proc/{workers[0]}/stat").read().rsplit(")", 1)[1].split()[1])
+        assert server != proc.pid and os.getpgid(server) != proc.pid  # out of the group, as the workers
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.split("\n")[:2] == ["SIGTERM", "results slept 2.0 slept 2.0"], out
+    assert "started" not in out and "Traceback" not in err, (out, err)  # the script ran once, here
+
+
+@linux
+def test_the_server_and_its_workers_end_when_the_trainer_is_killed():
+    proc, workers = _trainer(60.0)
+    server = int(open(f"/proc/{workers[0]}/stat").read().rsplit(")", 1)[1].split()[1])
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 10
+    while any(map(_alive, [server, *workers])) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, [server, *workers]))
