@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rlft.errors import CallDied, CallFailed, CallTimeout, Described, how_it_ended  # noqa: F401  (re-exported)
-from rlft.worker_server import context, forks_here
+from rlft.worker_server import context, failed, forks_here, usable
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,8 @@ class _Worker:
     def __init__(self, ctx: Any, fn: Callable[..., Any]):
         self.conn, child = ctx.Pipe()
         _PARENT_ENDS.add(self.conn)
-        parent = os.getpid() if forks_here(ctx) else None  # a server's worker learns its parent's pid itself
-        self.process = ctx.Process(target=_serve, args=(fn, child, parent), daemon=True)
         try:
-            self.process.start()
+            self.process = _start(usable(ctx), fn, child)
         except BaseException:
             self._close()
             raise
@@ -148,6 +146,19 @@ class _Worker:
     def _close(self) -> None:
         _PARENT_ENDS.discard(self.conn)
         self.conn.close()
+
+
+def _start(ctx: Any, fn: Callable[..., Any], child: Connection) -> Any:
+    """A started worker process serving ``fn`` on ``child``; forked from here when the worker server fails."""
+    parent = os.getpid() if forks_here(ctx) else None  # a server's worker learns its parent's pid itself
+    process = ctx.Process(target=_serve, args=(fn, child, parent), daemon=True)
+    try:
+        process.start()
+    except (OSError, EOFError) as e:  # the server died as it started: a module it imports raised there
+        if forks_here(ctx):
+            raise
+        return _start(failed(e), fn, child)
+    return process
 
 
 class Pool:
@@ -207,7 +218,7 @@ class Pool:
     def _dispatch(self) -> None:
         w = self._workers
         while self._queue and (w.idle or (len(w.busy) < w.policy.num_workers
-                                          and (not forks_here(w.ctx) or self._may_fork()))):
+                                          and (not forks_here(usable(w.ctx)) or self._may_fork()))):
             worker = w.idle.pop() if w.idle else _Worker(w.ctx, w.fn)
             key, call = self._queue.popleft()
             if not w.send(worker, key, call):  # a fresh one takes the call (forked on the next turn of the loop)

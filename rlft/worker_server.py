@@ -16,8 +16,9 @@ a worker forked from the trainer instead (``context``).
 
 from __future__ import annotations
 
-import functools
+import io
 import json
+import logging
 import multiprocessing
 import os
 import pickle
@@ -38,22 +39,54 @@ def preload(*modules: str) -> None:
 
 
 def context(fn: Any) -> Any:
-    """The multiprocessing context to start a worker of ``fn`` with: the server's (forkserver) when ``fn``
-    pickles, else fork (a closure can only be inherited)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    modules = _modules(fn)
+    """The multiprocessing context to start a worker of ``fn`` with: the server's (forkserver, started here if it is
+    not running) when ``fn`` pickles without naming ``__main__``, else fork (a closure can only be inherited)."""
+    fork = multiprocessing.get_context("fork")
+    if _State.failed or "forkserver" not in multiprocessing.get_all_start_methods():
+        return fork
     try:
-        pickle.dumps(fn)
+        modules = _globals(fn)
     except Exception:  # noqa: BLE001  (pickling may raise anything)
-        return multiprocessing.get_context("fork")
-    if "__main__" in modules:  # the server's workers do not run the trainer's script
-        return multiprocessing.get_context("fork")
-    preload(*sorted(modules))
+        return fork
+    if modules & {"__main__", "__mp_main__"} or _started_by_another():  # the server's workers lack those
+        return fork
+    preload(*sorted(modules - {"builtins"}))
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_PRELOAD))  # no effect once the server runs
     os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), **_main_names()})
+    _State.ours = True
     return ctx
+
+
+def usable(ctx: Any) -> Any:
+    """``ctx``, or fork once the server has failed to start."""
+    return multiprocessing.get_context("fork") if _State.failed and not forks_here(ctx) else ctx
+
+
+def failed(error: BaseException) -> Any:
+    """The server did not start (a module it imports raised there, where the trainer imported it fine): the
+    workers are forked from the trainer from now on, said once in train.log. Returns the fork context."""
+    if not _State.failed:
+        logging.getLogger(__name__).warning(
+            "the worker server did not start (%s: %s); tool and environment workers are forked from the trainer",
+            type(error).__name__, error)
+    _State.failed = True
+    return multiprocessing.get_context("fork")
+
+
+class _State:
+    ours = False
+    """rlft set this process's forkserver up."""
+    failed = False
+    """It did not start."""
+
+
+def _started_by_another() -> bool:
+    """Another part of this program started the process's forkserver (a library, or Python 3.14's default start
+    method): its server preloads nothing of this module's and stays in the trainer's process group."""
+    from multiprocessing import forkserver
+
+    return not _State.ours and getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
 
 
 def forks_here(ctx: Any) -> bool:
@@ -72,18 +105,15 @@ def _main_names() -> dict[str, str | None]:
     return {"name": name, "path": None if name or path is None else os.path.normpath(path)}
 
 
-def _modules(obj: Any, depth: int = 0) -> set[str]:
-    """The modules defining the functions and classes in ``obj`` (a partial, a dict or sequence of them)."""
-    if depth > 3:
-        return set()
-    if isinstance(obj, functools.partial):
-        parts = [obj.func, *obj.args, *obj.keywords.values()]
-    elif isinstance(obj, dict):
-        parts = list(obj.values())
-    elif isinstance(obj, (list, tuple)):
-        parts = list(obj)
-    elif isinstance(obj, (types.FunctionType, type)) and obj.__module__ != "builtins":
-        return {obj.__module__}
-    else:
-        return set()
-    return set().union(*(_modules(p, depth + 1) for p in parts))
+def _globals(obj: Any) -> set[str]:
+    """The modules of the functions and classes pickling ``obj`` names (raises when it does not pickle)."""
+    found: set[str] = set()
+
+    class _Names(pickle.Pickler):
+        def reducer_override(self, o: Any) -> Any:
+            if isinstance(o, (types.FunctionType, type, types.BuiltinFunctionType)):
+                found.add(getattr(o, "__module__", None) or "__main__")
+            return NotImplemented
+
+    _Names(io.BytesIO()).dump(obj)
+    return found

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench_episodes import ROOT, _task_data, extract, gemm
 
-BEFORE = "1fb9443"
+BEFORE = "67e6c25"
 """The last commit whose tool workers were forked from the trainer."""
 
 
@@ -76,8 +76,7 @@ def run(tree: Path, data: Path, out: Path, name: str, steps: int) -> dict:
         others = [_smaps(p) for p in _descendants(proc.pid)]
         pss = sum(o.get("Pss", 0) for o in others)
         peak["trainer_rss"] = max(peak["trainer_rss"], _smaps(proc.pid).get("Rss", 0))
-        if pss > peak["others_pss"]:
-            peak["others_pss"], peak["others"] = pss, len(others)
+        peak["others_pss"], peak["others"] = max(peak["others_pss"], pss), max(peak["others"], len(others))
         peak["min_available"] = min(peak["min_available"], _available())
         time.sleep(0.5)
     step_s = [float(s) for s in re.findall(r"step\s+\d+ .*?step ([\d.]+)s", log.read_text())]
@@ -101,7 +100,7 @@ def main() -> int:
         steps = " / ".join(f"{s:.1f}" for s in r["step_s"])
         print(f"{name}: exit {r['exit']}{' (killed: out of memory)' if r['exit'] in (-9, 137) else ''}; "
               f"{len(r['step_s'])} of {args.steps} steps ({steps} s); trainer peak RSS {r['trainer_rss']} MB; "
-              f"descendants' peak PSS {r['others_pss']} MB ({r['others']} processes); lowest MemAvailable "
+              f"descendants' peak PSS {r['others_pss']} MB (at most {r['others']} at once); lowest MemAvailable "
               f"{r['min_available']} MB; log {r['log']}", flush=True)
     print(f"fp32 GEMM {gemm():.0f} GFLOP/s at the end")
     return 0

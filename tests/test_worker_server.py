@@ -68,9 +68,14 @@ print("results", *[got[k][0] for k in (0, 1)], flush=True)
 """
 
 
-def _trainer(seconds: float) -> tuple[subprocess.Popen, list[int]]:
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(seconds)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _trainer(seconds: float, tmp_path: Path, how: str = "path") -> tuple[subprocess.Popen, list[int]]:
+    """The trainer run as a script file (``how`` path) or a module (``-m``): a worker's start would run either
+    again (multiprocessing.spawn.prepare), where ``python -c`` leaves it nothing to run."""
+    (tmp_path / "trainer_script.py").write_text(TRAINER)
+    run = [str(tmp_path / "trainer_script.py")] if how == "path" else ["-m", "trainer_script"]
+    proc = subprocess.Popen([sys.executable, *run, str(seconds)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.readline().startswith("started")
     line = proc.stdout.readline()
     assert line.startswith("workers"), line + proc.stderr.read()
@@ -85,8 +90,9 @@ def _alive(pid: int) -> bool:
 
 
 @linux
-def test_a_stop_signal_to_the_trainers_group_leaves_its_workers_to_finish_the_step():
-    proc, workers = _trainer(2.0)
+@pytest.mark.parametrize("how", ["path", "-m"])
+def test_a_stop_signal_to_the_trainers_group_leaves_its_workers_to_finish_the_step(tmp_path, how):
+    proc, workers = _trainer(2.0, tmp_path, how)
     try:
         assert len(workers) == 2
         server = int(open(f"/proc/{workers[0]}/stat").read().rsplit(")", 1)[1].split()[1])
@@ -101,8 +107,8 @@ def test_a_stop_signal_to_the_trainers_group_leaves_its_workers_to_finish_the_st
 
 
 @linux
-def test_the_server_and_its_workers_end_when_the_trainer_is_killed():
-    proc, workers = _trainer(60.0)
+def test_the_server_and_its_workers_end_when_the_trainer_is_killed(tmp_path):
+    proc, workers = _trainer(60.0, tmp_path)
     server = int(open(f"/proc/{workers[0]}/stat").read().rsplit(")", 1)[1].split()[1])
     proc.kill()
     proc.wait()
@@ -110,3 +116,48 @@ def test_the_server_and_its_workers_end_when_the_trainer_is_killed():
     while any(map(_alive, [server, *workers])) and time.time() < deadline:
         time.sleep(0.05)
     assert not any(map(_alive, [server, *workers]))
+
+
+FRAGILE = """
+import builtins, os, sys
+builtins.rlft_test_ready = True  # what the trainer sets up before importing the tool's module
+from rlft.calls import Pool
+from tests.fragile_tool import parent_pid
+pool = Pool(parent_pid, 1, 30.0)
+pool.submit(0, ((0,), {}))
+got = {}
+while not got:
+    got.update(pool.poll(None))
+print(got[0][0] == str(os.getpid()), got[0][0], flush=True)
+"""
+
+
+@linux
+def test_a_server_that_cannot_start_leaves_the_workers_forked_from_the_trainer(tmp_path):
+    """The tool's module raises when imported in a fresh interpreter (it needs what the trainer set up): the
+    server dies as it starts, and the workers are forked from the trainer, as before the server, said once."""
+    proc = subprocess.run([sys.executable, "-c", FRAGILE], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("True"), (proc.stdout, proc.stderr[-3000:])
+    assert proc.stderr.count("the worker server did not start (") == 1, proc.stderr[-3000:]
+
+
+class _Searcher:
+    def __call__(self, q: str) -> str:
+        return q
+
+
+def test_what_the_server_cannot_import_is_run_by_workers_forked_here(monkeypatch):
+    """The server's workers import by name what a worker runs: a closure, or anything pickling names the
+    trainer's __main__ by (a callable instance of a class of the script, a bound method), gets forked workers."""
+    import functools
+
+    from rlft import worker_server
+    from tests.tool_helpers import multiply
+
+    monkeypatch.setattr(_Searcher, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "_Searcher", _Searcher, raising=False)
+    assert worker_server.context(functools.partial(multiply, b=2.0)).get_start_method() == "forkserver"
+    assert worker_server.context(lambda x: x).get_start_method() == "fork"
+    for fn in (_Searcher(), functools.partial(multiply, {"tool": _Searcher()}), _Searcher().__call__):
+        assert worker_server._globals(fn) >= {"__main__"}
+        assert worker_server.context(fn).get_start_method() == "fork", fn
