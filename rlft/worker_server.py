@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import multiprocessing
+import multiprocessing.forkserver as forkserver
 import os
 import pickle
 import sys
@@ -84,8 +85,6 @@ class _State:
 def _started_by_another() -> bool:
     """Another part of this program started the process's forkserver (a library, or Python 3.14's default start
     method): its server preloads nothing of this module's and stays in the trainer's process group."""
-    from multiprocessing import forkserver
-
     return not _State.ours and getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
 
 
