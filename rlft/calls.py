@@ -17,13 +17,8 @@ call that worker held never arrives (the run would wait forever).
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import multiprocessing
 import os
-import pickle
-import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -32,6 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rlft.errors import CallDied, CallFailed, CallTimeout, Described, how_it_ended  # noqa: F401  (re-exported)
+from rlft.worker_loop import PARENT_ENDS, serve
 from rlft.worker_server import context, failed, forks_here, usable
 
 
@@ -72,7 +68,7 @@ def run_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], polic
             except (Exception, SystemExit) as e:  # noqa: BLE001  (the caller words it)
                 raise CallFailed(i, e) from None
         return out
-    return _Workers(fn, policy).run(calls, timed_out)
+    return Workers(fn, policy).run(calls, timed_out)
 
 
 def settle_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], policy: CallPolicy) -> list[Any]:
@@ -87,7 +83,7 @@ def settle_calls(fn: Callable[..., Any], calls: Sequence[tuple[tuple, dict]], po
             except (Exception, SystemExit) as e:  # noqa: BLE001  (the caller words it)
                 out.append(CallFailed(i, e))
         return out
-    return _Workers(fn, CallPolicy(policy.num_workers, policy.timeout_s), settle=True).run(calls, None)
+    return Workers(fn, CallPolicy(policy.num_workers, policy.timeout_s), settle=True).run(calls, None)
 
 
 def describe(error: BaseException) -> str:
@@ -97,18 +93,13 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-# The trainer's ends of the open workers' pipes. A forked worker inherits them all and closes them
-# first: while a copy of its own pipe's far end stays open in the worker, it never sees EOF when the
-# trainer is gone.
-_PARENT_ENDS: set[Connection] = set()
-
-
-class _Worker:
-    """A forked process that runs ``fn`` on the calls sent down its pipe, one at a time."""
+class Worker:
+    """A process that runs ``fn`` on the calls sent down its pipe, one at a time (rlft.pool.Pool's, rlft.episodes.env_pool's
+    and run_calls' workers)."""
 
     def __init__(self, ctx: Any, fn: Callable[..., Any]):
         self.conn, child = ctx.Pipe()
-        _PARENT_ENDS.add(self.conn)
+        PARENT_ENDS.add(self.conn)
         try:
             self.process = _start(usable(ctx), fn, child)
         except BaseException:
@@ -144,14 +135,14 @@ class _Worker:
         self._close()
 
     def _close(self) -> None:
-        _PARENT_ENDS.discard(self.conn)
+        PARENT_ENDS.discard(self.conn)
         self.conn.close()
 
 
 def _start(ctx: Any, fn: Callable[..., Any], child: Connection) -> Any:
     """A started worker process serving ``fn`` on ``child``; forked from here when the worker server fails."""
     parent = os.getpid() if forks_here(ctx) else None  # a server's worker learns its parent's pid itself
-    process = ctx.Process(target=_serve, args=(fn, child, parent), daemon=True)
+    process = ctx.Process(target=serve, args=(fn, child, parent), daemon=True)
     try:
         process.start()
     except (OSError, EOFError) as e:  # the server died as it started: a module it imports raised there
@@ -161,78 +152,10 @@ def _start(ctx: Any, fn: Callable[..., Any], child: Connection) -> Any:
     return process
 
 
-class Pool:
-    """Worker processes for one function, kept between calls (a tool's calls, step after step): up to
-    ``num_workers`` processes forked when first needed and reused after; a worker that hung (killed at
-    ``timeout_s``) or died is replaced by a fresh one, and one found dead while idle is replaced before it is
-    given a call. Each call is settled on its own, as :func:`settle_calls` does. Calls go in with ``submit``
-    and come out with ``poll`` as they settle (episodes whose tools run while other episodes generate)."""
-
-    def __init__(self, fn: Callable[..., Any], num_workers: int, timeout_s: float,
-                 may_fork: Callable[[], bool] = lambda: True):
-        self._workers = _Workers(fn, CallPolicy(max(1, num_workers), timeout_s), keep=True)
-        self._may_fork = may_fork
-        """Whether a worker may be forked now (not while the caller's threads may hold locks a child would copy)."""
-        self._queue: deque[tuple[int, tuple[tuple, dict]]] = deque()
-
-    def submit(self, key: int, call: tuple[tuple, dict]) -> None:
-        """Queue a call (``key``: how ``poll`` names it); it starts at once when a worker is free or may be forked."""
-        self._queue.append((key, call))
-        self._dispatch()
-
-    def poll(self, timeout: float | None) -> dict[int, tuple[Any, float]]:
-        """The calls that settled within ``timeout`` seconds (None: wait for one), by key: (outcome, seconds it
-        ran). Nothing when no call is running."""
-        w = self._workers
-        self._dispatch()
-        if not w.busy:
-            return {}
-        results: dict[int, Any] = {}
-        failures: dict[int, Exception] = {}
-        w.seconds = {}
-        w._collect(results, failures, None, limit=timeout)
-        self._dispatch()  # the freed workers take the queued calls at once
-        return {k: (v, w.seconds.get(k, 0.0)) for k, v in (results | failures).items()}
-
-    @property
-    def running(self) -> int:
-        """Calls submitted and not yet settled."""
-        return len(self._queue) + len(self._workers.busy)
-
-    def abandon(self) -> None:
-        """Drop the queued calls and stop the running ones' workers (the idle ones are kept)."""
-        self._queue.clear()
-        for worker in self._workers.busy:
-            worker.stop()
-        self._workers.busy = []
-
-    @property
-    def pids(self) -> list[int]:
-        """The live workers' process ids (idle between batches)."""
-        return [w.process.pid for w in self._workers.idle]
-
-    def close(self) -> None:
-        self._queue.clear()
-        self._workers.close()
-
-    def _dispatch(self) -> None:
-        w = self._workers
-        while self._queue and (w.idle or (len(w.busy) < w.policy.num_workers
-                                          and (not forks_here(usable(w.ctx)) or self._may_fork()))):
-            worker = w.idle.pop() if w.idle else _Worker(w.ctx, w.fn)
-            key, call = self._queue.popleft()
-            if not w.send(worker, key, call):  # a fresh one takes the call (forked on the next turn of the loop)
-                self._queue.appendleft((key, call))
-
-
-Worker = _Worker
-"""One worker process (rlft.episodes.env_pool keeps environments in them)."""
-
-
-class _Workers:
+class Workers:
     """``policy.num_workers`` (at least 1) workers for one function; a hung or dead one is replaced. With
     ``settle``, a failure neither stops the calls after it nor is raised: it is that call's result. With
-    ``keep`` (Pool's workers, which never go through run()), a hung or dead worker's replacement is forked when a
+    ``keep`` (rlft.pool.Pool's workers, which never go through run()), a hung or dead worker's replacement is started when a
     call needs it, not at once."""
 
     def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False, keep: bool = False):
@@ -241,8 +164,8 @@ class _Workers:
         # keeps the pages the trainer writes later); run()'s live for one batch of calls and are forked from the
         # trainer, inheriting the user modules as the trainer has them.
         self.ctx = context(fn) if keep else multiprocessing.get_context("fork")
-        self.idle: list[_Worker] = []
-        self.busy: list[_Worker] = []
+        self.idle: list[Worker] = []
+        self.busy: list[Worker] = []
         self.seconds: dict[int, float] = {}
 
     def close(self) -> None:
@@ -259,12 +182,12 @@ class _Workers:
         self.seconds = {}
         try:
             for _ in range(min(max(1, self.policy.num_workers), len(calls)) - len(self.idle)):
-                self.idle.append(_Worker(self.ctx, self.fn))  # one by one: the finally stops those started
+                self.idle.append(Worker(self.ctx, self.fn))  # one by one: the finally stops those started
             while _unsettled(results, failures, self._bound(len(calls), failures)):
                 while queue and self.idle and queue[0] < self._bound(len(calls), failures):
                     worker, i = self.idle.pop(), queue.popleft()
                     if not self.send(worker, i, calls[i]):  # a fresh one takes the call
-                        self.idle.append(_Worker(self.ctx, self.fn))
+                        self.idle.append(Worker(self.ctx, self.fn))
                         queue.appendleft(i)
                 self._collect(results, failures, timed_out)
         finally:
@@ -277,7 +200,7 @@ class _Workers:
             raise failures[min(failures)]
         return [results[i] for i in range(len(calls))]
 
-    def send(self, worker: _Worker, index: int, call: tuple[tuple, dict]) -> bool:
+    def send(self, worker: Worker, index: int, call: tuple[tuple, dict]) -> bool:
         """Start ``call`` on idle ``worker``, which is then busy; False (the worker stopped) when it died while
         idle (the OOM killer's pick, a kill) or between two calls."""
         try:
@@ -321,7 +244,7 @@ class _Workers:
             elif worker.process.sentinel in ready or time.monotonic() >= worker.deadline:
                 self._lost(worker, worker.process.sentinel in ready, results, failures, timed_out)
 
-    def _lost(self, worker: _Worker, died: bool, results: dict[int, Any], failures: dict[int, Exception],
+    def _lost(self, worker: Worker, died: bool, results: dict[int, Any], failures: dict[int, Exception],
               timed_out: Any) -> None:
         """A worker died, or hung past its deadline (it is killed): its call scores ``timed_out`` under
         ``on_timeout``, else fails; a fresh worker takes its place."""
@@ -333,8 +256,8 @@ class _Workers:
             failures[worker.index] = CallDied(worker.index, worker.process.exitcode) if died \
                 else CallTimeout(worker.index)
         self.busy.remove(worker)
-        if not self.keep:  # a kept pool (Pool) forks its replacement when a call needs it (Pool._dispatch)
-            self.idle.append(_Worker(self.ctx, self.fn))
+        if not self.keep:  # a kept pool (rlft.pool.Pool) starts its replacement when a call needs it
+            self.idle.append(Worker(self.ctx, self.fn))
 
 
 def _unsettled(results: dict[int, Any], failures: dict[int, Exception], bound: int) -> bool:
@@ -342,62 +265,3 @@ def _unsettled(results: dict[int, Any], failures: dict[int, Exception], bound: i
     failure yet: a later failure is reported only once every earlier call has settled, so the error names
     the first in call order."""
     return any(i not in results and i not in failures for i in range(bound))
-
-
-def _serve(fn: Callable[..., Any], conn: Connection, parent: int | None) -> None:
-    """A worker's loop. It leaves the trainer's process group: a stop signal sent to the whole group
-    (torch's agent, coreutils ``timeout``, SLURM) is meant for the trainer, which finishes its step
-    with the worker's help and then kills it. Forked workers inherit the trainer's Ctrl-C/SIGTERM
-    handler: the defaults go back, so that killing a worker stops it. The objects inherited from the
-    trainer are frozen out of the garbage collector: a collection would write to every one of them and
-    copy the trainer's Python heap into each worker (a worker is kept for the run). ``parent``: the trainer's
-    pid (None: the worker server's, read at once)."""
-    parent = os.getppid() if parent is None else parent
-    gc.freeze()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for other in _PARENT_ENDS:
-        other.close()
-    _PARENT_ENDS.clear()
-    die_with(parent)
-    while True:
-        try:
-            args, kwargs = conn.recv()
-        except EOFError:  # the trainer is gone
-            os._exit(0)
-        try:
-            reply: tuple[bool, Any] = (True, fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001  (SystemExit too: the parent words it)
-            reply = (False, e)
-        conn.send(_picklable(reply))
-
-
-def die_with(parent: int) -> None:
-    """Have the kernel SIGKILL this process when ``parent`` (the trainer, or the worker server) dies (kill -9,
-    the OOM killer): out of its process group, no group signal reaches it. Linux only; elsewhere a worker ends
-    on its pipe's EOF."""
-    if sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(0)
-
-
-def _picklable(reply: tuple[bool, Any]) -> tuple[bool, Any]:
-    """``reply``, or a failure saying what could not cross to the trainer: a score that does not pickle,
-    or an exception that does not survive the round trip (an ``__init__`` with other arguments than its
-    message cannot be rebuilt), which crosses as its type's name and message."""
-    ok, value = reply
-    try:
-        pickle.loads(pickle.dumps(value))
-    except Exception:  # noqa: BLE001  (pickling may raise anything)
-        if ok:
-            return False, TypeError(f"returned a {type(value).__name__}, which cannot be sent back from the worker")
-        return False, Described(type(value).__name__, str(value))
-    return reply

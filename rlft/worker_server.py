@@ -27,7 +27,7 @@ import sys
 import types
 from typing import Any
 
-_PRELOAD: list[str] = ["rlft.worker_server_init", "rlft.calls"]
+_PRELOAD: list[str] = ["rlft.worker_server_init", "rlft.worker_loop"]
 SERVER_ENV = "RLFT_WORKER_SERVER"
 """Set before the server starts to what its first import (rlft.worker_server_init) needs: the trainer's pid (it
 acts only in a direct child of that process) and how the trainer's ``__main__`` is named to a worker."""

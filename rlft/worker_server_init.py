@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from rlft.calls import die_with
+from rlft.worker_loop import die_with
 from rlft.worker_server import SERVER_ENV
 
 

@@ -197,7 +197,7 @@ def _collect_and_measure(x: int) -> float:
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux's smaps_rollup")
 def test_workers_forked_from_the_trainer_do_not_copy_its_python_heap():
     """A function that does not pickle (a closure) runs in workers forked from the trainer (rlft.worker_server)."""
-    from rlft.calls import Pool
+    from rlft.pool import Pool
 
     heap = [{"k": i, "v": [i]} for i in range(1_000_000)]  # ~130 MiB of Python objects, as a trainer holds
     pool = Pool(lambda x: _collect_and_measure(x), 2, 60.0)
@@ -275,7 +275,8 @@ def test_env_pool_steps_come_back_as_each_finishes_and_a_worker_runs_its_own_in_
 
 
 def test_a_pool_hands_calls_back_by_key_as_they_settle_and_reuses_its_workers():
-    from rlft.calls import CallFailed, CallTimeout, Pool
+    from rlft.calls import CallFailed, CallTimeout
+    from rlft.pool import Pool
     from tests.tool_helpers import naps
 
     def call(kind: str, seconds: float) -> str:

@@ -29,7 +29,7 @@ def _settle(pool, n: int) -> dict:
 
 @linux
 def test_kept_workers_do_not_share_the_trainers_memory():
-    from rlft.calls import Pool
+    from rlft.pool import Pool
     from tests.tool_helpers import own_memory
 
     held = bytearray(400 * 2**20)  # the trainer's weights, activations, the data's answers
@@ -52,7 +52,7 @@ def test_kept_workers_do_not_share_the_trainers_memory():
 # another pool); "SIGTERM" is printed by its handler, which lets the step finish, as rlft's does.
 TRAINER = """
 import os, signal, sys, time
-from rlft.calls import Pool
+from rlft.pool import Pool
 from tests.tool_helpers import naps
 print("started", os.getpid(), flush=True)
 signal.signal(signal.SIGTERM, lambda *a: print("SIGTERM", flush=True))
@@ -121,7 +121,7 @@ def test_the_server_and_its_workers_end_when_the_trainer_is_killed(tmp_path):
 FRAGILE = """
 import builtins, os, sys
 builtins.rlft_test_ready = True  # what the trainer sets up before importing the tool's module
-from rlft.calls import Pool
+from rlft.pool import Pool
 from tests.fragile_tool import parent_pid
 pool = Pool(parent_pid, 1, 30.0)
 pool.submit(0, ((0,), {}))

@@ -2,7 +2,7 @@
 policy reads, never an exception.
 
 User tools are user code that may raise, hang, call ``sys.exit`` or ``os._exit`` or kill their process:
-they run in forked worker processes (rlft.calls.Pool, kept for the run) with ``episode.tool_timeout_s`` as the
+they run in worker processes (rlft.pool.Pool, kept for the run) with ``episode.tool_timeout_s`` as the
 limit of each call. The built-ins are rlft's code and bound themselves (the python tool kills its own process group
 at the limit): they run in this process, on threads, since a worker killed at the limit would leave the
 python tool's process behind.
@@ -21,8 +21,9 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rlft.calls import CallDied, CallFailed, CallTimeout, Pool, describe
+from rlft.calls import CallDied, CallFailed, CallTimeout, describe
 from rlft.errors import ToolTimeout
+from rlft.pool import Pool
 from rlft.tools.builtin import cut_output
 from rlft.tools.format import CALL_EXAMPLE, ToolCall
 
@@ -87,7 +88,7 @@ class ToolRunner:
     """Runs calls of ``tools`` under ``cfg``'s limits (``tool_timeout_s``, ``tool_output_chars``).
 
     User tools run in worker processes (``cfg.env_workers`` at most, sized for calls that wait, not for cores),
-    forked at the first call that needs them and kept for the run's later calls (rlft.calls.Pool); a worker that
+    started at the first call that needs them and kept for the run's later calls (rlft.pool.Pool); a worker that
     hung or died is replaced. The built-ins run on ``num_workers`` threads (0: one per CPU core this process may
     use: the python tool's programs are CPU-bound).
     """
