@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,7 @@ def run(tree: Path, data: Path, out: Path, name: str, steps: int) -> dict:
            "episode.max_turns=3", "reward.fns=[math_correct]", "sampler=vllm", "sampler.max_new_tokens=40",
            "sampler.temperature=0.7", "trainer.num_prompts=4", "sampler.n=8", f"trainer.steps={steps}",
            "episode.schedule=lockstep", f"hydra.run.dir={out / ('run_' + name)}"]
+    shutil.rmtree(out / f"run_{name}", ignore_errors=True)  # an earlier run of this benchmark under --out
     log = out / f"{name}.out"
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"}
     with open(log, "w") as f:
