@@ -40,6 +40,23 @@ class _State:
 _FILE_ONLY = ("torch.distributed.elastic",)
 
 
+def job_log() -> tuple[str, str] | None:
+    """The running job's train.log and this rank's record prefix (None: no job): where the worker server's
+    workers log (rlft.worker_server)."""
+    return None if _State.log_file is None else (str(_State.log_file), _State.prefix)
+
+
+def log_to_file(path: str, prefix: str) -> None:
+    """This process's records (INFO and above) and warnings go to ``path`` as the job's do: a worker server's
+    (forked from a fresh interpreter, it has none of the trainer's handlers)."""
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+
+
 def verbose() -> bool:
     """Third-party output on the console too (``logger.verbose=true``)."""
     return _State.verbose

@@ -27,6 +27,8 @@ import sys
 import types
 from typing import Any
 
+from rlft.console import job_log
+
 _PRELOAD: list[str] = ["rlft.worker_server_init", "rlft.worker_loop"]
 SERVER_ENV = "RLFT_WORKER_SERVER"
 """Set before the server starts to what its first import (rlft.worker_server_init) needs: the trainer's pid (it
@@ -54,7 +56,7 @@ def context(fn: Any) -> Any:
     preload(*sorted(modules - {"builtins"}))
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_PRELOAD))  # no effect once the server runs
-    os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), **_main_names()})
+    os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), "log": job_log(), **_main_names()})
     _State.ours = True
     return ctx
 

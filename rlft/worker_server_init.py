@@ -4,7 +4,8 @@ worker does (rlft.calls), so that a stop signal sent to the whole group (Ctrl-C,
 ``timeout``, SLURM), meant for the trainer, does not end the server and with it the workers the trainer still
 needs to finish its step; the kernel kills the server when the trainer dies (its workers then follow it, each
 set to die with its parent). Its ``__main__`` takes the trainer's main module's names (see
-rlft.worker_server._main_names)."""
+rlft.worker_server._main_names), and its records go to the job's train.log as the trainer's do (its workers
+inherit the handler)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import signal
 import sys
 
+from rlft.console import log_to_file
 from rlft.worker_loop import die_with
 from rlft.worker_server import SERVER_ENV
 
@@ -30,6 +32,8 @@ def _start_server() -> None:
     os.setpgid(0, 0)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with(told["trainer"])
+    if told.get("log"):
+        log_to_file(*told["log"])
     main = sys.modules["__main__"]
     if told.get("name"):
         main.__spec__ = importlib.machinery.ModuleSpec(told["name"], None)

@@ -161,3 +161,31 @@ def test_what_the_server_cannot_import_is_run_by_workers_forked_here(monkeypatch
     for fn in (_Searcher(), functools.partial(multiply, {"tool": _Searcher()}), _Searcher().__call__):
         assert worker_server._globals(fn) >= {"__main__"}
         assert worker_server.context(fn).get_start_method() == "fork", fn
+
+
+LOGS = """
+import sys
+from pathlib import Path
+from rlft.console import run_log
+from rlft.pool import Pool
+from tests.tool_helpers import logs
+with run_log(Path(sys.argv[1])):
+    pool = Pool(logs, 1, 30.0)
+    pool.submit(0, (("marker-7",), {}))
+    got = {}
+    while not got:
+        got.update(pool.poll(None))
+    pool.close()
+print(got[0][0])
+"""
+
+
+def test_the_servers_workers_log_to_the_jobs_train_log(tmp_path):
+    """A tool's records and warnings go to train.log, as they did from workers forked from the trainer (which
+    inherited its handlers), and not to the console."""
+    log = tmp_path / "train.log"
+    proc = subprocess.run([sys.executable, "-c", LOGS, str(log)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "logged", proc.stderr[-3000:]
+    text = log.read_text()
+    assert "INFO a_tool: info marker-7" in text and "warned marker-7" in text, text
+    assert "marker-7" not in proc.stdout + proc.stderr

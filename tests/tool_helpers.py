@@ -134,3 +134,17 @@ def own_memory(x: int) -> str:
 
     rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))
     return f"{os.getppid()} {rss / 1024:.0f}"
+
+
+def logs(text: str) -> str:
+    """Logs ``text`` at INFO and warns with it, then returns "logged".
+
+    Args:
+        text: What to log.
+    """
+    import logging
+    import warnings
+
+    logging.getLogger("a_tool").info("info %s", text)
+    warnings.warn(f"warned {text}", stacklevel=1)
+    return "logged"
