@@ -33,13 +33,10 @@ def serve(fn: Callable[..., Any], conn: Connection, parent: int | None) -> None:
     parent = os.getppid() if parent is None else parent
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    leave_group(parent)
     for other in PARENT_ENDS:
         other.close()
     PARENT_ENDS.clear()
-    die_with(parent)
     while True:
         try:
             args, kwargs = conn.recv()
@@ -50,6 +47,15 @@ def serve(fn: Callable[..., Any], conn: Connection, parent: int | None) -> None:
         except BaseException as e:  # noqa: BLE001  (SystemExit too: the parent words it)
             reply = (False, e)
         conn.send(_picklable(reply))
+
+
+def leave_group(parent: int) -> None:
+    """Leave the trainer's process group (a group stop signal is the trainer's, not this process's) and die with
+    ``parent`` (:func:`die_with`). SIGTERM is ignored while still in the group, then back to its default."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with(parent)
 
 
 def die_with(parent: int) -> None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import os
-import signal
 import sys
 
 from rlft.console import log_to_file
-from rlft.worker_loop import die_with
+from rlft.worker_loop import leave_group
 from rlft.worker_server import SERVER_ENV
 
 
@@ -28,10 +27,7 @@ def _start_server() -> None:
     if told.get("trainer") != os.getppid():
         return
     del os.environ[SERVER_ENV]  # not for the workers' own children
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until it has left the group
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    die_with(told["trainer"])
+    leave_group(told["trainer"])
     if told.get("log"):
         log_to_file(*told["log"])
     main = sys.modules["__main__"]
