@@ -14,7 +14,6 @@ from rich.text import Text
 from rlft.console import run_log
 from rlft.errors import CheckpointError, ConfigError, DataError, ModelError, RlftError, fail
 from rlft.paths import quote_home, user_path
-from rlft.worker_server import preload
 
 # The commands' own modules are imported inside the functions that run them: Hydra, torch and
 # transformers take seconds to import, and `rlft --help` or a bad argument needs none of them.
@@ -113,7 +112,6 @@ def _print_result(result: dict, out: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # user reward functions in the working directory import by name
         sys.path.insert(0, os.getcwd())
-    preload(__name__)  # each worker of the worker server runs this program's script, which imports this module
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["-sc"], ["--shell-completion"]) and any(a.startswith("query=") for a in argv):
         # Hydra's bash completion asks `rlft -sc query=bash` about COMP_LINE "rlft train ...".

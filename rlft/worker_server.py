@@ -4,12 +4,12 @@ server process (multiprocessing's forkserver: a fresh interpreter, started once)
 A worker forked from the trainer shares the trainer's memory copy-on-write, and keeps every page the trainer
 writes afterwards: the trainer's next update writes the memory its last update freed, and each written page is
 copied, the worker keeping the old one. Measured (docs/results.md, the tool task on SmolLM2-135M at
-``trainer.micro_batch_size=16``): 16 tool workers forked while the trainer held 13.4 GB took the 24 GB machine
+``trainer.micro_batch_size=16``): 15 tool workers forked while the trainer held 13.4 GB took the 24 GB machine
 out of memory during the next update. A worker forked from the server shares only the server's few modules.
 It neither holds the trainer's memory (the data's answers included) nor inherits its open files.
 
-The server imports :data:`_PRELOAD` once when it starts (the program's entry point, the modules of the user's
-tools and environments), so that the workers share those imports instead of each importing them. It runs the
+The server imports :data:`_PRELOAD` once when it starts (the worker's loop, the modules of the user's tools
+and environments), so that the workers share those imports instead of each importing them. It runs the
 function of a worker after unpickling it by reference: a function that does not pickle (a closure) is run by
 a worker forked from the trainer instead (``context``).
 """
@@ -68,7 +68,7 @@ def usable(ctx: Any) -> Any:
 
 def failed(error: BaseException) -> Any:
     """The server did not start (a module it imports raised there, where the trainer imported it fine): the
-    workers are forked from the trainer from now on, said once in train.log. Returns the fork context."""
+    workers are forked from the trainer from now on, said once (a warning). Returns the fork context."""
     if not _State.failed:
         logging.getLogger(__name__).warning(
             "the worker server did not start (%s: %s); tool and environment workers are forked from the trainer",
