@@ -57,6 +57,18 @@ def test_auto_on_cpu_measures_once_then_reuses_the_cached_measurement(cache, mon
         choose("auto", 256, 512)
 
 
+def test_the_figures_measured_now_are_those_the_cache_gives_back(cache, monkeypatch):
+    """408.52 GFLOP/s was printed as 409 when measured and, stored as 408.5, as 408 from the cache (half to even:
+    the test above failed now and then): the probe's figures are rounded once, to the cache's 0.1."""
+    measured = Probe(408.52, 160.04, 7, (512, *SMOLLM2))
+    monkeypatch.setattr(precision, "probe", lambda *a, **k: measured)
+    first = choose("auto", *SMOLLM2)
+    monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("measured again"))
+    again = choose("auto", *SMOLLM2)
+    assert re.search(FIGURES, first.reason).groups() == re.search(FIGURES, again.reason).groups() == ("7", "408", "160")
+    assert first.dtype == again.dtype
+
+
 @pytest.mark.parametrize("content", [b"{", b"", b"[]", b'{"format": 1}', b"\xff\xfe", b"nan", b"null"])
 def test_a_corrupt_cache_file_is_measured_over(cache, content):
     choose("auto", *SMOLLM2)

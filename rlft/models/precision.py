@@ -29,6 +29,7 @@ newer), else fp32.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -206,7 +207,7 @@ def _read_cache(path: Path, key: dict) -> tuple[Probe, str] | None:
 
 def _write_cache(path: Path, key: dict, p: Probe, pick: str) -> str | None:
     """Store the measurement (atomically: a concurrent run reads the old file or the new); the error on failure."""
-    data = {"format": FORMAT, "key": key, "bf16_gflops": round(p.bf16, 1), "fp32_gflops": round(p.fp32, 1),
+    data = {"format": FORMAT, "key": key, "bf16_gflops": p.bf16, "fp32_gflops": p.fp32,
             "rounds": p.rounds, "pick": pick, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -232,7 +233,10 @@ def measure(hidden: int, intermediate: int) -> Precision:
         pick, rule = _decide(p, native)
         source = f"cached measurement from {path}, {date}"
     else:
+        # To 0.1 GFLOP/s, as the cache stores it: the pick and the figures printed now are those the cache gives
+        # back (rounded twice, 408.52 was printed as 409 now and, stored as 408.5, as 408 from the cache).
         p = probe(hidden, intermediate)
+        p = dataclasses.replace(p, bf16=round(p.bf16, 1), fp32=round(p.fp32, 1))
         pick, rule = _decide(p, native)
         error = _write_cache(path, key, p, pick)
         source = f"measured now, saved to {path}" if error is None else f"measured now, not saved ({error})"
