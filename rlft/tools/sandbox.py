@@ -94,11 +94,13 @@ def bwrap_argv(binary: str, info_fd: int, seccomp_fd: int | None = None) -> list
     args += _parents("/etc")
     for f in _SYSTEM_FILES:
         args += ["--ro-bind-try", f, f]
-    for d in python_dirs():
-        args += [*_parents(d), "--ro-bind", d, d]
     args += ["--proc", "/proc", "--dev", "/dev"]
     for tmp in ("/tmp", "/dev/shm"):  # /dev/shm: multiprocessing's semaphores
         args += ["--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", tmp]
+    # After the tmpfs: an interpreter under /tmp or /dev/shm (a venv of a clone there, a CI runner's) is bound
+    # on top of the sandbox's own /tmp, read-only; the rest of the host's /tmp stays out of sight.
+    for d in python_dirs():
+        args += [*_parents(d), "--ro-bind", d, d]
     args += ["--chdir", "/tmp", "--clearenv"]
     for key, value in sandbox_env("/tmp").items():
         args += ["--setenv", key, value]
@@ -256,7 +258,7 @@ def _ways_out(said: str) -> str:
               "docs/usage.md#the-python-sandbox)")
     if "Permission denied" in said or "No such file" in said or "execvp" in said:
         return (f"the sandbox's user (uid {NOBODY} under a root trainer) must read and run {sys.executable} and "
-                f"its venv, which must not lie under /tmp or /dev/shm (the sandbox has its own); {weaker}")
+                f"its venv; {weaker}")
     if os.geteuid() == 0:
         return (f"as root, bubblewrap needs CAP_SYS_ADMIN and namespaces the container allows (Docker: a seccomp "
                 f"and AppArmor profile that allow them); {weaker}")
