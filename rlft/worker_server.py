@@ -21,6 +21,7 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.forkserver as forkserver
+import multiprocessing.process as mp_process
 import os
 import pickle
 import sys
@@ -103,7 +104,14 @@ def _main_names() -> dict[str, str | None]:
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
     path = getattr(main, "__file__", None)
-    return {"name": name, "path": None if name or path is None else os.path.normpath(path)}
+    if name or path is None:
+        return {"name": name, "path": None}
+    # The path exactly as spawn.get_preparation_data words it (made absolute from where the program started): a
+    # worker skips running it only when the server's __main__ has that very path. A __main__ without a real file
+    # (a script read from stdin: "<stdin>") is thereby never run either.
+    if not os.path.isabs(path) and mp_process.ORIGINAL_DIR is not None:
+        path = os.path.join(mp_process.ORIGINAL_DIR, path)
+    return {"name": None, "path": os.path.normpath(path)}
 
 
 def _globals(obj: Any) -> set[str]:

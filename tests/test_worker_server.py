@@ -189,3 +189,25 @@ def test_the_servers_workers_log_to_the_jobs_train_log(tmp_path):
     text = log.read_text()
     assert "INFO a_tool: info marker-7" in text and "warned marker-7" in text, text
     assert "marker-7" not in proc.stdout + proc.stderr
+
+
+STDIN_TRAINER = """
+from rlft.pool import Pool
+from tests.tool_helpers import multiply
+pool = Pool(multiply, 1, 30.0)
+pool.submit(0, ((6,), {"b": 7.0}))
+got = {}
+while not got:
+    got.update(pool.poll(None))
+print("result", got[0][0], flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_a_trainer_without_a_script_file_gets_its_tools_answers(how):
+    """A trainer whose __main__ has no real file (``python - <<EOF``: ``<stdin>``; ``python -c``): a worker does not
+    try to run the trainer's script again (it used to look for '<cwd>/<stdin>', and every call died)."""
+    argv, stdin = ([sys.executable, "-"], STDIN_TRAINER) if how == "stdin" else ([sys.executable, "-c", STDIN_TRAINER], "")
+    proc = subprocess.run(argv, input=stdin, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "result 42.0", (proc.stdout, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
