@@ -158,12 +158,13 @@ class Workers:
     ``keep`` (rlft.pool.Pool's workers, which never go through run()), a hung or dead worker's replacement is started when a
     call needs it, not at once."""
 
-    def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False, keep: bool = False):
+    def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False, keep: bool = False,
+                 ctx: Any = None):
         self.fn, self.policy, self.settle, self.keep = fn, policy, settle, keep
         # A kept pool's workers come from the worker server (rlft.worker_server: a worker forked from the trainer
-        # keeps the pages the trainer writes later); run()'s live for one batch of calls and are forked from the
-        # trainer, inheriting the user modules as the trainer has them.
-        self.ctx = context(fn) if keep else multiprocessing.get_context("fork")
+        # keeps the pages the trainer writes later) unless ``ctx`` says otherwise; run()'s live for one batch of
+        # calls and are forked from the trainer, inheriting the user modules as the trainer has them.
+        self.ctx = ctx or (context(fn) if keep else multiprocessing.get_context("fork"))
         self.idle: list[Worker] = []
         self.busy: list[Worker] = []
         self.seconds: dict[int, float] = {}

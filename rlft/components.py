@@ -88,27 +88,32 @@ def build_components(cfg: Config, dtype: str | None = None, dp: DataParallel = S
     a = cfg.algo
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=a.needs_reference, device=device)
     episodes = episode_setup(cfg)
-    if episodes is not None:  # before any sampling: a template the episodes cannot use stops the run here
-        episodes.check_template(policy.tokenizer, task, cfg.data)
-    task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler),  # counts: task.dropped
-                                   prompt_overhead(episodes, policy.tokenizer, task, cfg.data))
-    sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
-    del sampler_model  # the hf sampler holds it; vllm loaded its own
-    check_mergeable(policy, sampler)
-    critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
-    # Loading reward models and judges may draw random numbers (weights it initialises, model=tiny's seed):
-    # the run's random stream stays as without them.
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        scorers, gold = build_scorers(cfg, device, precision.dtype)
-    if cfg.trainer.strategy == "fsdp2":
-        shard_decoder(policy.model, device, dp)
-    total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
-    optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
-    state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
-    return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
-                      scorers=scorers, gold=gold, episodes=episodes,
-                      sync_check=build_check(cfg, policy, sampler, task))
+    try:
+        if episodes is not None:  # before any sampling: a template the episodes cannot use stops the run here
+            episodes.check_template(policy.tokenizer, task, cfg.data)
+        task, _, _ = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler),  # counts: task.dropped
+                                       prompt_overhead(episodes, policy.tokenizer, task, cfg.data))
+        sampler = build_sampler(cfg.sampler, cfg.model, sampler_model, policy.tokenizer, cfg.seed, device)
+        del sampler_model  # the hf sampler holds it; vllm loaded its own
+        check_mergeable(policy, sampler)
+        critic = build_critic(policy, cfg.model, cfg.seed) if a.uses_critic else None
+        # Loading reward models and judges may draw random numbers (weights it initialises, model=tiny's seed):
+        # the run's random stream stays as without them.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            scorers, gold = build_scorers(cfg, device, precision.dtype)
+        if cfg.trainer.strategy == "fsdp2":
+            shard_decoder(policy.model, device, dp)
+        total_updates = cfg.trainer.steps * a.ppo_epochs * a.num_mini_batches
+        optimizer, scheduler = build_optimizer(policy, cfg, total_updates, critic)
+        state = AlgoState(penalty_beta=a.penalty_beta, kl_coef=a.kl_reward_coef)
+        shuffle = torch.Generator().manual_seed(cfg.seed)
+        return Components(task, policy, sampler, optimizer, scheduler, shuffle, state, precision, device, critic, dp=dp,
+                          scorers=scorers, gold=gold, episodes=episodes,
+                          sync_check=build_check(cfg, policy, sampler, task))
+    except BaseException:  # its worker processes end with the failed start
+        if episodes is not None:
+            episodes.close()
+        raise
 
 
 def preflight(cfg: Config, world: int) -> None:
@@ -122,7 +127,9 @@ def preflight(cfg: Config, world: int) -> None:
     """
     for name in [*cfg.reward.fns, *filter(None, [gold_name(cfg)])]:
         resolve_reward(name)
-    episode_setup(cfg)  # an episode.env that does not import
+    episodes = episode_setup(cfg)  # an episode.env that does not import
+    if episodes is not None:
+        episodes.close()
     for m in cfg.reward.models:
         check_reward_model(m)
     for i, j in enumerate(cfg.reward.judges):

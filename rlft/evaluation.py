@@ -29,6 +29,7 @@ from rlft.sync_check import build_check, verify
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
+    from rlft.data import Task
 
 
 def correctness(sampler: Sampler, tokenizer: Any, problems: list[Problem], cfg: Config,
@@ -124,6 +125,15 @@ def run_eval(cfg: Config, checkpoint: Path | None, samples: int) -> dict[str, An
     cfg.model.dtype = resolve_precision(cfg.model, device.type).dtype
     policy, sampler_model = build_policy(cfg.model, cfg.seed, need_reference=False, device=device)
     episodes = episode_setup(cfg)
+    try:
+        return _run_eval(cfg, checkpoint, samples, task, policy, sampler_model, device, episodes)
+    finally:
+        if episodes is not None:
+            episodes.close()
+
+
+def _run_eval(cfg: Config, checkpoint: Path | None, samples: int, task: Task, policy: Any, sampler_model: Any,
+              device: Any, episodes: EpisodeSetup | None) -> dict[str, Any]:
     if episodes is not None:  # before any sampling: a template the episodes cannot use stops the run here
         episodes.check_template(policy.tokenizer, task, cfg.data)
     task = drop_long_prompts(task, policy.tokenizer, cfg.data, prompt_room(cfg.sampler),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlft.calls import CallPolicy, Worker, Workers
-from rlft.worker_server import forks_here, usable
+from rlft.worker_server import forks_here, start_method, usable
 
 
 class Pool:
@@ -20,8 +20,10 @@ class Pool:
     and come out with ``poll`` as they settle (episodes whose tools run while other episodes generate)."""
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout_s: float,
-                 may_fork: Callable[[], bool] = lambda: True):
-        self._workers = Workers(fn, CallPolicy(max(1, num_workers), timeout_s), keep=True)
+                 may_fork: Callable[[], bool] = lambda: True, start: str = "server"):
+        ctx, self.started_from = start_method(fn, start)
+        """Where the workers are forked from, in words (rlft.worker_server.start_method; episode.worker_start)."""
+        self._workers = Workers(fn, CallPolicy(max(1, num_workers), timeout_s), keep=True, ctx=ctx)
         self._may_fork = may_fork
         """Whether a worker may be forked now (not while the caller's threads may hold locks a child would copy)."""
         self._queue: deque[tuple[int, tuple[tuple, dict]]] = deque()

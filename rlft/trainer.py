@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from rlft import checkpoint as ckpt
 from rlft import failure, run_state
 from rlft.components import Components, build_components
-from rlft.distributed import from_environment
+from rlft.distributed import DataParallel, from_environment
 from rlft.evaluation import evaluate
 from rlft.learner import update_policy
 from rlft.outputs import Outputs
@@ -46,6 +46,15 @@ def train(cfg: Config, run_dir: Path, resolved_yaml: str | None = None) -> dict[
     if resume is None:
         ckpt.check_fresh(run_dir, cfg.trainer.resume)
     c = build_components(cfg, run_state.trained_dtype(resume) if resume else None, dp)
+    try:
+        return _run(c, cfg, run_dir, resolved_yaml, resume, harmless, dp)
+    finally:  # each job of a sweep (one process) ends with its worker processes
+        if c.episodes is not None:
+            c.episodes.close()
+
+
+def _run(c: Components, cfg: Config, run_dir: Path, resolved_yaml: str, resume: Path | None, harmless: list[str],
+         dp: DataParallel) -> dict[str, float]:
     start, last = 0, {}
     if resume is not None:
         saved = run_state.restore(c, resume)
@@ -129,6 +138,8 @@ def _announce(out: Outputs, c: Components, cfg: Config, run_dir: Path, resume: P
         out.info(f"evaluation skipped: no held-out problems ({why})")
     elif eval_reward(cfg) is None:
         out.info("evaluation skipped: no rule-based reward to judge correctness (set reward.gold=FN)")
+    if c.episodes is not None and c.episodes.workers:
+        out.info(c.episodes.workers)
     if resume is not None:
         out.info(f"resumed from {resume}" + (f" (changed: {'; '.join(harmless)})" if harmless else ""))
 

@@ -16,21 +16,27 @@ a worker forked from the trainer instead (``context``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import multiprocessing
 import multiprocessing.forkserver as forkserver
 import multiprocessing.process as mp_process
+import multiprocessing.util as mp_util
 import os
 import pickle
+import shutil
+import signal
 import sys
+import tempfile
 import types
 from typing import Any
 
 from rlft.console import job_log
 
-_PRELOAD: list[str] = ["rlft.worker_server_init", "rlft.worker_loop"]
+_BASE_PRELOAD = ("rlft.worker_server_init", "rlft.worker_loop")
+_PRELOAD: list[str] = list(_BASE_PRELOAD)
 SERVER_ENV = "RLFT_WORKER_SERVER"
 """Set before the server starts to what its first import (rlft.worker_server_init) needs: the trainer's pid (it
 acts only in a direct child of that process) and how the trainer's ``__main__`` is named to a worker."""
@@ -42,24 +48,149 @@ def preload(*modules: str) -> None:
     _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
 
 
-def context(fn: Any) -> Any:
-    """The multiprocessing context to start a worker of ``fn`` with: the server's (forkserver, started here if it is
-    not running) when ``fn`` pickles without naming ``__main__``, else fork (a closure can only be inherited)."""
+def context(fn: Any, start: str = "server") -> Any:
+    """The multiprocessing context to start a worker of ``fn`` with (:func:`start_method`)."""
+    return start_method(fn, start)[0]
+
+
+def start_method(fn: Any, start: str = "server") -> tuple[Any, str]:
+    """The multiprocessing context to start a worker of ``fn`` with, and why, in words (for the start-up log).
+    ``start`` server: the server's (forkserver, started when the first worker starts) when ``fn`` pickles by
+    reference to modules a fresh interpreter imports as this process has them, else fork (a closure can only be
+    inherited). ``start`` fork: always fork (the workers see what the program set at run time)."""
     fork = multiprocessing.get_context("fork")
+    if start == "fork":
+        return fork, "forked from the trainer (episode.worker_start=fork)"
     if _State.failed or "forkserver" not in multiprocessing.get_all_start_methods():
-        return fork
+        return fork, "forked from the trainer (the worker server is not available here)"
     try:
         modules = _globals(fn)
-    except Exception:  # noqa: BLE001  (pickling may raise anything)
-        return fork
-    if modules & {"__main__", "__mp_main__"} or _started_by_another():  # the server's workers lack those
-        return fork
+    except Exception as e:  # noqa: BLE001  (pickling may raise anything)
+        return fork, f"forked from the trainer (what they run does not pickle: {type(e).__name__})"
+    if modules & {"__main__", "__mp_main__"}:  # the server's workers lack those
+        return fork, "forked from the trainer (what they run is defined in the trainer's __main__)"
+    if _started_by_another():
+        return fork, "forked from the trainer (another part of the program started multiprocessing's forkserver)"
+    for name in sorted(modules - {"builtins"}):
+        why = not_fresh(name)
+        if why:
+            logging.getLogger(__name__).warning("module %s %s: its workers are forked from the trainer", name, why)
+            return fork, f"forked from the trainer (module {name} {why})"
     preload(*sorted(modules - {"builtins"}))
+    temp = own_temp_dir() or tempfile.gettempdir()
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(_PRELOAD))  # no effect once the server runs
-    os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), "log": job_log(), **_main_names()})
+    ctx.set_forkserver_preload(list(_BASE_PRELOAD))  # no effect once the server runs
+    # The server's first import (rlft.worker_server_init) imports the rest itself: multiprocessing's preload skips a
+    # module that raises ImportError, and each worker would then die unpickling its function.
+    os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), "log": job_log(), **_main_names(),
+                                         "modules": _PRELOAD[len(_BASE_PRELOAD):],
+                                         "report": os.path.join(temp, f"rlft-server-{os.getpid()}.err")})
     _State.ours = True
-    return ctx
+    users = sorted(m for m in modules if m.split(".")[0] not in ("rlft", "builtins", "functools"))
+    return ctx, (f"forked from the worker server (episode.worker_start=server), which imports "
+                 f"{', '.join(users) or 'their modules'} afresh: what the program set in them after import is not "
+                 "seen there (episode.worker_start=fork: forked from the trainer, each keeping a copy of the memory "
+                 "the trainer writes; docs/usage.md#worker-processes)")
+
+
+def not_fresh(name: str) -> str | None:
+    """Why a fresh interpreter (the worker server) importing module ``name`` would not get the module this process
+    has: it is not found by that name, or found in another file (a module loaded with
+    ``importlib.util.spec_from_file_location`` and put in ``sys.modules``; one made at run time); None when it would.
+    Each package above it is checked too (a fresh import goes through them)."""
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        module = sys.modules.get(prefix)
+        if module is None or prefix in sys.builtin_module_names:
+            continue
+        spec = _fresh_spec(prefix)
+        if spec is None:
+            return "is not found by a fresh import of that name"
+        if spec.origin in ("built-in", "frozen"):
+            continue
+        have = getattr(module, "__file__", None)
+        found = spec.origin if spec.has_location else None
+        if have is None and found is None:  # a namespace package
+            continue
+        if have is None or found is None or os.path.realpath(have) != os.path.realpath(found):
+            return f"was loaded from {have or 'no file'}, where a fresh import finds {found or 'no file'}"
+    return None
+
+
+def _fresh_spec(name: str) -> Any:
+    """The spec a fresh import of ``name`` would find (sys.modules not consulted): the meta path's finders over the
+    parent package's ``__path__`` (sys.path for a top-level module, which the server shares)."""
+    parent = name.rpartition(".")[0]
+    path = getattr(sys.modules.get(parent), "__path__", None) if parent else None
+    if parent and path is None:
+        return None
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = find(name, path)
+        except Exception:  # noqa: BLE001  (a finder of some library)
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+TEMP_PREFIX = "rlft-mp-"
+"""multiprocessing's temporary folder of an rlft trainer (it holds the server's socket): rlft-mp-PID-XXXXXXXX."""
+
+
+def own_temp_dir() -> str | None:
+    """Give this process's multiprocessing a temporary folder named after its pid (multiprocessing's own,
+    pymp-XXXXXXXX, names no owner), unless it has one already; first remove those of trainers that are gone (a
+    trainer killed with kill -9 leaves its folder). Returns the folder (None: multiprocessing chose its own)."""
+    config = getattr(multiprocessing.current_process(), "_config", None)  # where multiprocessing.util keeps it
+    if not isinstance(config, dict) or config.get("tempdir") is not None:
+        return None
+    remove_stale_temp_dirs()
+    path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+    # Removed at exit as multiprocessing removes its own (late: after the server's socket is closed).
+    mp_util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
+    config["tempdir"] = path
+    return path
+
+
+def remove_stale_temp_dirs(where: str | None = None) -> list[str]:
+    """Remove the multiprocessing folders of rlft trainers that are gone from ``where`` (default: the temporary
+    directory); returns them."""
+    where = where or tempfile.gettempdir()
+    removed: list[str] = []
+    if not os.path.isdir("/proc/self"):  # no way to tell a live owner here
+        return removed
+    try:
+        names = [n for n in os.listdir(where) if n.startswith(TEMP_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        owner = name[len(TEMP_PREFIX):].split("-")[0]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            shutil.rmtree(os.path.join(where, name), ignore_errors=True)
+            removed.append(os.path.join(where, name))
+    return removed
+
+
+def stop() -> None:
+    """At the end of a job (a sweep runs several in one process): stop the server rlft started, once the job's
+    workers are gone, so that the next job's server starts with that job's environment, log and modules."""
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    halt = getattr(server, "_stop", None)  # CPython's own (its tests stop servers with it): closes, reaps, unlinks
+    if _State.ours and pid is not None and halt is not None:
+        # Killed first: the server ends by itself only once every holder of its "alive" pipe has closed it, and a
+        # process forked from the trainer meanwhile (a reward worker, a user's) holds a copy.
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        halt()
+    _State.ours = _State.failed = False
+    del _PRELOAD[len(_BASE_PRELOAD):]
+    os.environ.pop(SERVER_ENV, None)
 
 
 def usable(ctx: Any) -> Any:
@@ -69,11 +200,17 @@ def usable(ctx: Any) -> Any:
 
 def failed(error: BaseException) -> Any:
     """The server did not start (a module it imports raised there, where the trainer imported it fine): the
-    workers are forked from the trainer from now on, said once (a warning). Returns the fork context."""
+    workers are forked from the trainer from now on, said once (a warning naming the module, where the server
+    reported it). Returns the fork context."""
     if not _State.failed:
+        why = f"{type(error).__name__}: {error}"
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            report = json.loads(os.environ.get(SERVER_ENV, "{}"))["report"]
+            with open(report) as f:
+                why = f.read().strip() or why
+            os.unlink(report)
         logging.getLogger(__name__).warning(
-            "the worker server did not start (%s: %s); tool and environment workers are forked from the trainer",
-            type(error).__name__, error)
+            "the worker server did not start (%s); tool and environment workers are forked from the trainer", why)
     _State.failed = True
     return multiprocessing.get_context("fork")
 

@@ -9,6 +9,8 @@ inherit the handler)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.machinery
 import json
 import os
@@ -35,6 +37,14 @@ def _start_server() -> None:
         main.__spec__ = importlib.machinery.ModuleSpec(told["name"], None)
     if told.get("path"):
         main.__file__ = told["path"]
+    for name in told.get("modules", []):
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # noqa: BLE001  (a module may raise anything, SystemExit too)
+            with contextlib.suppress(OSError):
+                with open(told["report"], "w") as f:
+                    f.write(f"importing {name} there raised {type(e).__name__}: {e}")
+            os._exit(1)  # the trainer's start of a worker fails, and it forks its workers itself
 
 
 _start_server()

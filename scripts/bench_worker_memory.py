@@ -1,9 +1,10 @@
 """Worker processes and the trainer's memory: ``rlft train`` on docs/results.md's tool task (SmolLM2-135M-Instruct,
 LoRA, GRPO, vLLM, 4 prompts x 8 episodes, at most 3 turns of 40 tokens, the user tool that sleeps 0.5 s, so every
 waiting episode's call needs a worker of its own) at the default ``trainer.micro_batch_size=16``, before (tool
-workers forked from the trainer) against now (forked from the worker server, rlft/worker_server.py).
+workers forked from the trainer) against now (forked from the worker server, rlft/worker_server.py), and now with
+``episode.worker_start=fork`` (forked from the trainer again, by choice).
 
-    python scripts/bench_worker_memory.py [--before REV] [--out DIR] [--steps 4] [--only before|now]
+    python scripts/bench_worker_memory.py [--before REV] [--out DIR] [--steps 4] [--only before|now|fork]
 
 Each run is its own process (REV's tree extracted with ``git archive`` under DIR; now is this checkout), sampled
 every half second: the trainer's resident memory, the proportional set size (PSS) of all its descendants (the
@@ -61,13 +62,13 @@ def _available() -> int:
     return int(line.split()[1]) // 1024
 
 
-def run(tree: Path, data: Path, out: Path, name: str, steps: int) -> dict:
-    """One training run from ``tree``, watched until it ends."""
+def run(tree: Path, data: Path, out: Path, name: str, steps: int, extra: list[str]) -> dict:
+    """One training run from ``tree`` (``extra``: more overrides), watched until it ends."""
     cmd = [sys.executable, "-m", "rlft.cli", "train", "algo=grpo", "model=smollm2_135m", "data=jsonl",
            f"data.path={data}/train.jsonl", "data.num_eval=0", "tools=[scripts.bench_episodes:calculator]",
            "episode.max_turns=3", "reward.fns=[math_correct]", "sampler=vllm", "sampler.max_new_tokens=40",
            "sampler.temperature=0.7", "trainer.num_prompts=4", "sampler.n=8", f"trainer.steps={steps}",
-           "episode.schedule=lockstep", f"hydra.run.dir={out / ('run_' + name)}"]
+           "episode.schedule=lockstep", f"hydra.run.dir={out / ('run_' + name)}", *extra]
     shutil.rmtree(out / f"run_{name}", ignore_errors=True)  # an earlier run of this benchmark under --out
     log = out / f"{name}.out"
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"}
@@ -90,15 +91,15 @@ def main() -> int:
     parser.add_argument("--before", default=BEFORE)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--only", choices=["before", "now"], default=None)
+    parser.add_argument("--only", choices=["before", "now", "fork"], default=None)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-worker-memory-"))
     data = _task_data(out) / "calculator"
     print(f"fp32 GEMM {gemm():.0f} GFLOP/s at the start; {os.cpu_count()} CPUs, MemTotal "
           f"{int(Path('/proc/meminfo').read_text().split()[1]) // 1024} MB, MemAvailable {_available()} MB")
-    trees = {"before": lambda: extract(args.before, out), "now": lambda: ROOT}
-    for name in [args.only] if args.only else ["before", "now"]:
-        r = run(trees[name](), data, out, name, args.steps)
+    trees = {"before": lambda: extract(args.before, out), "now": lambda: ROOT, "fork": lambda: ROOT}
+    for name in [args.only] if args.only else ["before", "now", "fork"]:
+        r = run(trees[name](), data, out, name, args.steps, ["episode.worker_start=fork"] if name == "fork" else [])
         steps = " / ".join(f"{s:.1f}" for s in r["step_s"])
         print(f"{name}: exit {r['exit']}{' (killed: out of memory)' if r['exit'] in (-9, 137) else ''}; "
               f"{len(r['step_s'])} of {args.steps} steps ({steps} s); trainer peak RSS {r['trainer_rss']} MB; "

@@ -4,6 +4,8 @@ processes kept for the run, the environments of episode.env in worker processes 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -352,3 +354,29 @@ def test_no_tool_worker_is_forked_here_while_a_built_in_call_runs():
         steps.submit(3, env, _reply("worker_pid", x=2))  # the kept worker takes it at once
         order = _arrivals(steps, 2)
         assert [k for k, _ in order] == [3, 2] and order[0][1] < 0.5, order
+
+
+def test_each_job_of_a_sweep_ends_with_its_workers_and_gives_the_next_its_own_log_and_environment(tmp_path):
+    """A sweep runs its jobs in one process: job 1's environment workers are gone when job 2 builds its environments
+    (they used to stay until the sweep ended), and job 2's workers read job 2's environment variables and log to
+    job 2's train.log (the worker server used to keep job 1's)."""
+    from tests.support import ROOT, TINY, write_eos_model
+
+    write_eos_model(tmp_path / "model", eos_logit=14.0)  # replies that end: the environments are stepped
+    record = tmp_path / "workers.txt"
+    tiny = [a for a in TINY if not a.startswith("model=")]
+    args = ["train", "-m", *tiny, "model=local", f"model.path={tmp_path / 'model'}", "trainer.steps=1", "data.num_eval=0", "episode.env=tests.envs:JobEnv",
+            "episode.env_workers=2", "seed=1,2", "+hydra.job.env_set.RLFT_TEST_JOB=job${hydra:job.num}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    env = dict(os.environ, RLFT_TEST_WORKERS=str(record), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "rlft.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in record.read_text().splitlines()]
+    assert {r[0] for r in rows} == {"job0", "job1"}, rows
+    assert all(r[2] == "-" for r in rows if r[0] == "job1"), rows  # no worker of the first job left alive
+    for job, other in (("0", "job1"), ("1", "job0")):
+        log = (tmp_path / "sweep" / job / "train.log").read_text()
+        mine = "job" + job
+        assert f"job-env-warning {mine}" in log and f"job-env-warning {other}" not in log, log[-3000:]
+        assert "environment workers: forked from the worker server" in log

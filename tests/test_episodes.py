@@ -145,6 +145,17 @@ def test_budget_ends_an_episode_truncated_before_it_overflows(tiny):
     assert all(eps.truncated) and max(eps.turns) < 10
 
 
+def test_the_budget_bounds_the_first_turn_too(tiny):
+    """episode.max_tokens below sampler.max_new_tokens: the first turn takes at most the budget (it took
+    max_new_tokens), and an episode cut there ends truncated, its environment not shown the cut reply."""
+    sampler, tok = tiny
+    eps = run_episodes(sampler, tok, [_prompt(tok)], _params(n=8, max_new_tokens=6),
+                       lambda i: envs.EchoEnv(None), Limits(max_turns=3, max_tokens=3))
+    assert max(len(ids) for ids in eps.completion_ids) == 3
+    assert all(t or len(ids) < 3 for ids, t in zip(eps.completion_ids, eps.truncated))
+    assert all(turns == 1 for turns in eps.turns)  # no room for the environment's answer and a second turn
+
+
 @pytest.mark.parametrize("env, words", [
     (envs.RaisingEnv, r"episode.env=x: step\(\) on the reply '.*' raised KeyError: 'no such room'"),
     (envs.JunkEnv, "returned dict"),
@@ -385,3 +396,53 @@ def test_dapos_overlong_cache_fits_the_policys_budget_over_the_turns():
     assert policy_budget(cfg) == 18
     with pytest.raises(ConfigError, match=r"must be in \(0, sampler.max_new_tokens x episode.max_turns = 18\]"):
         compose([*args, "episode.env=tests.envs:EchoEnv", "episode.max_turns=3", "algo.overlong_cache=19"])
+
+
+class _OneAtATime:
+    """The hf sampler behind the continuous loop's interface (submit / step / running / abort), one request a step,
+    with an abort that raises as a dead engine's does."""
+
+    def __init__(self, sampler):
+        self.sampler, self.pending = sampler, []
+
+    def submit(self, key, prompt, params):
+        self.pending.append((key, prompt, params))
+
+    @property
+    def running(self):
+        return len(self.pending)
+
+    def step(self):
+        key, prompt, params = self.pending.pop(0)
+        return [(key, self.sampler.generate([prompt], params))]
+
+    def abort(self):
+        raise RuntimeError("the engine is dead")
+
+
+def test_a_failing_cleanup_neither_hides_the_first_error_nor_skips_the_rest(tiny, caplog):
+    """The continuous loop fails (an environment raises): the engine's abort raises too, and so does the first
+    environment pool's abandon; the environment's error is the one reported, and the other pool's workers still
+    go."""
+    from rlft.episodes.env_pool import EnvPool
+
+    class BrokenPool(EnvPool):
+        def abandon(self):
+            super().abandon()
+            raise OSError("its pipes are gone")
+
+    sampler, tok = tiny
+    first, second = BrokenPool(envs.EchoEnv, "episode.env=a", 1, 30.0), EnvPool(envs.EchoEnv, "episode.env=b", 1, 30.0)
+    make = {0: lambda: first.make(None), 1: lambda: second.make(None), 2: lambda: envs.RaisingEnv(None)}
+    try:
+        with pytest.raises(EnvError, match="no such room"):
+            params = SamplingParams(n=1, max_new_tokens=48, temperature=1.0, prompt_seeds=(1, 2, 3))
+            run_episodes(_OneAtATime(sampler), tok, [_prompt(tok)] * 3, params,
+                         lambda i: make[i](), Limits(3, 200), "episode.env=x", continuous=True)
+        assert not second.workers  # stopped although the cleanup before it raised
+        said = caplog.text
+        assert "aborting the engine's requests raised RuntimeError: the engine is dead" in said
+        assert "dropping the steps of BrokenPool raised OSError: its pipes are gone" in said
+    finally:
+        first.close()
+        second.close()

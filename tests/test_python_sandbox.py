@@ -186,3 +186,55 @@ def test_the_sandbox_runs_an_interpreter_from_a_venv_under_tmp(where):
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         (Path(where) / f"rlft-host-file-{os.getpid()}").unlink(missing_ok=True)
+
+
+MOVED = """
+import os, sys
+from types import SimpleNamespace
+from rlft.tools import cgroup
+from rlft.tools.builtin import python_tool
+
+version, dirs = cgroup.parents()
+made = [d / f"rlft-test-moved-{os.getpid()}" for d in dirs]
+for m in made:  # the trainer starts in a cgroup of its own ...
+    m.mkdir()
+    (m / "cgroup.procs").write_text(str(os.getpid()))
+cgroup.parents.cache_clear()
+cfg = SimpleNamespace(python_sandbox="bwrap", python_memory_mb=256, python_max_procs=8, tool_timeout_s=5,
+                      tool_output_chars=2000)
+tool = python_tool(cfg)  # its calls' cgroups go under that one
+assert cgroup.parents()[1] == tuple(made), cgroup.parents()
+for d, m in zip(dirs, made):  # ... which is moved away: making a call's cgroup there fails from now on
+    (d / "cgroup.procs").write_text(str(os.getpid()))
+    m.rmdir()
+print(tool(sys.argv[1]).strip())
+"""
+
+FORKS = """
+import os, time
+n = 0
+for i in range(64):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    except OSError:
+        break
+print("children", n, flush=True)
+"""
+
+
+def test_a_call_whose_cgroup_cannot_be_made_is_bounded_all_the_same():
+    """The trainer's cgroup moved after start-up, so making a call's cgroup fails: the call's processes are bounded
+    by RLIMIT_NPROC instead (they ran unbounded: a fork bomb ran until the timeout)."""
+    why = _can_start()
+    if why:
+        pytest.skip(f"the sandbox cannot start on this machine: {why}")
+    if cgroup.kind() != "v1":
+        pytest.skip("moves the trainer between cgroups it makes: a writable cgroup v1 hierarchy (root)")
+    proc = subprocess.run([sys.executable, "-c", MOVED, FORKS], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    n = int(proc.stdout.split("children")[1].split()[0])
+    assert 0 < n < 8, proc.stdout
+    assert "cgroup could not be made" in proc.stderr

@@ -29,10 +29,12 @@ tok = policy.tokenizer
 params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0, prompt_seeds=tuple(1000 + 16 * k for k in range(6)))
 pool = EnvPool(envs.VaryingEnv, "episode.env=varying", 8, 30.0)
 out = {}
-for where, make in (("in_process", lambda i: envs.EchoEnv(None)), ("workers", lambda i: pool.make(None))):
+for where, make in (("in_process", lambda i: envs.EchoEnv(None)), ("workers", lambda i: pool.make(None)),
+                    ("budget", lambda i: envs.EchoEnv(None))):
     for continuous in (False, True):
         seen = []
-        e = run_episodes(sampler, tok, prompts, params, make, Limits(3, 200, 256), progress=lambda *c: seen.append(c),
+        limits = Limits(3, 5 if where == "budget" else 200, 256)  # budget: episode.max_tokens below max_new_tokens
+        e = run_episodes(sampler, tok, prompts, params, make, limits, progress=lambda *c: seen.append(c),
                          continuous=continuous)
         out[f"{where} {continuous}"] = {"ids": e.completion_ids, "mask": e.policy_mask, "logprobs": e.logprobs,
                                         "turns": e.turns, "transcripts": e.transcripts, "truncated": e.truncated,
@@ -73,6 +75,9 @@ def test_continuous_episodes_equal_lockstep_token_for_token(eos_model):
         assert both or where == "in_process", continuous["progress"]  # in-process environments answer at once
         assert continuous["progress"][-1] == [24, 0, 0]
     assert set(out["workers True"]["turns"]) == {1, 2}  # VaryingEnv: done after its second step (or cut at turn 1)
+    for key in SAME:  # episode.max_tokens=5 below max_new_tokens=8 bounds turn 1 under both schedules alike
+        assert out["budget False"][key] == out["budget True"][key], key
+    assert max(len(ids) for ids in out["budget True"]["ids"]) == 5
 
 
 def test_continuous_runs_equal_lockstep_on_one_and_two_ranks_and_resume_exactly(tmp_path, eos_model):

@@ -138,7 +138,8 @@ def test_a_server_that_cannot_start_leaves_the_workers_forked_from_the_trainer(t
     server dies as it starts, and the workers are forked from the trainer, as before the server, said once."""
     proc = subprocess.run([sys.executable, "-c", FRAGILE], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("True"), (proc.stdout, proc.stderr[-3000:])
-    assert proc.stderr.count("the worker server did not start (") == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("the worker server did not start (importing tests.fragile_tool there raised "
+                             "RuntimeError: imported outside the program that set it up)") == 1, proc.stderr[-3000:]
 
 
 class _Searcher:
@@ -211,3 +212,167 @@ def test_a_trainer_without_a_script_file_gets_its_tools_answers(how):
     proc = subprocess.run(argv, input=stdin, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "result 42.0", (proc.stdout, proc.stderr[-3000:])
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+RUN_TIME_STATE = """
+import sys
+from rlft.pool import Pool
+import tests.tool_helpers as helpers
+helpers.STATE["db"] = "set by the program"  # after import: a fresh import does not see it
+pool = Pool(helpers.reads_state, 1, 30.0, start=sys.argv[1])
+pool.submit(0, ((0,), {}))
+got = {}
+while not got:
+    got.update(pool.poll(None))
+print(got[0][0])
+print(pool.started_from)
+"""
+
+
+@pytest.mark.parametrize("start", ["server", "fork"])
+def test_what_the_program_set_at_run_time_is_seen_under_fork_only(start):
+    """episode.worker_start=server: the workers import the tool's module afresh, so a value the program stored in it
+    after import is not there, and the start-up line says so; fork: they see it, as before the server."""
+    proc = subprocess.run([sys.executable, "-c", RUN_TIME_STATE, start], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen, said = proc.stdout.strip().split("\n")
+    if start == "server":
+        assert seen == "set at import"
+        assert "worker server" in said and "tests.tool_helpers afresh" in said and "episode.worker_start=fork" in said
+    else:
+        assert seen == "set by the program"
+        assert said == "forked from the trainer (episode.worker_start=fork)"
+
+
+LOOSE_TOOL = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location(sys.argv[2], sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules[sys.argv[2]] = module
+spec.loader.exec_module(module)
+from rlft.pool import Pool
+pool = Pool(module.parent_pid, 1, 30.0)
+pool.submit(0, ((0,), {}))
+got = {}
+while not got:
+    got.update(pool.poll(None))
+print(got[0][0] == str(os.getpid()), got[0][0], flush=True)
+print(pool.started_from)
+"""
+
+
+@pytest.mark.parametrize("name", ["rlft_loose_tool", "tests.tool_helpers"])
+def test_a_module_a_fresh_import_does_not_find_gets_forked_workers(tmp_path, name):
+    """A tool's module loaded from a file with spec_from_file_location and put in sys.modules, under a name a fresh
+    import finds nowhere or finds in another file: the server's workers could not import it (every call died, exit
+    code 1); its workers are forked from the trainer, said once."""
+    source = tmp_path / "loose.py"
+    source.write_text("import os\n\ndef parent_pid(x: int) -> str:\n    return str(os.getppid())\n")
+    proc = subprocess.run([sys.executable, "-c", LOOSE_TOOL, str(source), name], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    forked, said = proc.stdout.strip().split("\n")
+    assert forked.startswith("True"), proc.stdout + proc.stderr[-3000:]
+    assert said.startswith(f"forked from the trainer (module {name} "), said
+    assert proc.stderr.count(f"module {name} ") == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_module_found_afresh_is_found_where_it_was_loaded():
+    import tests.tool_helpers  # noqa: F401
+    from rlft.worker_server import not_fresh
+
+    assert not_fresh("tests.tool_helpers") is None and not_fresh("rlft.worker_loop") is None
+    assert not_fresh("os") is None and not_fresh("math") is None and not_fresh("json.decoder") is None
+
+
+KILLED = """
+import multiprocessing, os, time
+from rlft.pool import Pool
+from tests.tool_helpers import multiply
+pool = Pool(multiply, 1, 30.0)
+pool.submit(0, ((6,), {}))
+got = {}
+while not got:
+    got.update(pool.poll(None))
+print(multiprocessing.util.get_temp_dir(), flush=True)
+time.sleep(60)
+"""
+
+
+@linux
+def test_a_killed_trainers_multiprocessing_folder_goes_at_the_next_start(tmp_path):
+    """kill -9 of the trainer leaves multiprocessing's folder (the server's socket) behind: it is named after the
+    trainer's pid (multiprocessing's own pymp-* names no owner), and the next trainer's start removes it, and only
+    the folders of trainers that are gone."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen([sys.executable, "-c", KILLED], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    folder = Path(first.stdout.readline().strip())
+    assert folder.parent == tmp_path and folder.name.startswith(f"rlft-mp-{first.pid}-")
+    first.kill()
+    first.wait()
+    assert folder.is_dir()  # left behind
+    alive = tmp_path / f"rlft-mp-{os.getpid()}-kept"
+    alive.mkdir()
+    second = subprocess.run([sys.executable, "-c", STDIN_TRAINER], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert second.stdout.strip() == "result 42.0", second.stderr[-3000:]
+    assert not folder.exists() and alive.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name]  # the second one's went at its exit
+
+
+def test_a_killed_trainers_sandbox_cgroups_go_at_the_next_start():
+    """The python tool's cgroups of a trainer killed with kill -9 (its pid is in their names) are removed when the
+    next trainer's sandbox settles where its cgroups go; those of a live trainer stay."""
+    from rlft.tools import cgroup
+
+    cgroup.parents.cache_clear()
+    found = cgroup.parents()
+    if found is None:
+        pytest.skip("no cgroup can be made here")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = [d / f"rlft-sandbox-{int(gone.stdout)}-0-deadbeef" for d in found[1]]
+    live = [d / f"rlft-sandbox-{os.getpid()}-999-cafe" for d in found[1]]
+    try:
+        for c in stale + live:
+            c.mkdir()
+        cgroup.parents.cache_clear()
+        assert cgroup.parents() == found
+        assert not any(c.exists() for c in stale) and all(c.is_dir() for c in live)
+    finally:
+        for c in stale + live:
+            if c.exists():
+                c.rmdir()
+        cgroup.parents.cache_clear()
+
+
+DEEPER = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("rlft_loose_helper", sys.argv[1])
+helper = importlib.util.module_from_spec(spec)
+sys.modules["rlft_loose_helper"] = helper
+spec.loader.exec_module(helper)
+import tool_over_loose
+from rlft.pool import Pool
+pool = Pool(tool_over_loose.parent_pid, 1, 30.0)
+pool.submit(0, ((0,), {}))
+got = {}
+while not got:
+    got.update(pool.poll(None))
+print(got[0][0] == str(os.getpid()), got[0][0], flush=True)
+"""
+
+
+def test_a_tool_module_that_imports_what_a_fresh_import_cannot_find_gets_forked_workers(tmp_path):
+    """The tool's module is found afresh, but it imports a module the trainer loaded from a file under a name no
+    import finds: the server cannot import it (multiprocessing's preload skipped the ImportError, and every worker
+    died); the server stops, saying what it could not import, and the workers are forked from the trainer."""
+    (tmp_path / "helper.py").write_text("import os\n")
+    (tmp_path / "tool_over_loose.py").write_text(
+        "import rlft_loose_helper\n\ndef parent_pid(x: int) -> str:\n    return str(rlft_loose_helper.os.getppid())\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    proc = subprocess.run([sys.executable, "-c", DEEPER, str(tmp_path / "helper.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("True"), (proc.stdout, proc.stderr[-3000:])
+    assert proc.stderr.count("the worker server did not start (importing tool_over_loose there raised "
+                             "ModuleNotFoundError: No module named 'rlft_loose_helper')") == 1, proc.stderr[-3000:]

@@ -148,3 +148,17 @@ def logs(text: str) -> str:
     logging.getLogger("a_tool").info("info %s", text)
     warnings.warn(f"warned {text}", stacklevel=1)
     return "logged"
+
+
+STATE: dict[str, str] = {"db": "set at import"}
+"""What a trainer's program may set after importing this module (a client, a path): a worker that imported the module
+afresh sees the import-time value."""
+
+
+def reads_state(x: int) -> str:
+    """The module's STATE["db"] as this worker sees it.
+
+    Args:
+        x: Any integer.
+    """
+    return STATE["db"]

@@ -60,6 +60,14 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
         cfg.trainer.strategy = "ddp"
     c = components or build_components(cfg)
     setup_s = time.perf_counter() - t0
+    try:
+        return _measure(c, cfg, prompts, num_prompts, steps, setup_s)
+    finally:
+        if components is None and c.episodes is not None:  # the caller's components are the caller's to close
+            c.episodes.close()
+
+
+def _measure(c: Components, cfg: Config, prompts: int, num_prompts: int, steps: int, setup_s: float) -> Report:
     sync = {"start-up": _sync_check(c, "at start-up")}
     problems = c.task.batch(0, prompts)
     tok = c.policy.tokenizer

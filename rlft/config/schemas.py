@@ -656,6 +656,13 @@ class EpisodeConfig:
     waiting on them, all at once: sized for calls that wait (an API, a test suite), not for cores. Kept for the
     whole run; a tool's worker that dies or hangs is replaced. The built-in python tool runs at most one program
     per CPU core."""
+    worker_start: str = knob("server", (HARMLESS, "where workers start; what they run is the same code"))
+    """Where the user tools' and episode.env's worker processes are forked from: server (a small process started
+    once per job, which imports their modules afresh: what your program sets in those modules after import, such as
+    a client stored in a module global, is not seen there) or fork (the trainer: the workers see its state as it
+    was when each started, and each keeps a copy of the memory the trainer writes afterwards, which ran a 24 GB
+    machine out of memory at trainer.micro_batch_size=16 on the tool task: docs/results.md). Closures, functions
+    of the trainer's script and modules a fresh import does not find are forked under server too (said at start-up)."""
     tool_timeout_s: float = knob(10.0, EPISODES, range="(0, inf)")
     """Wall-clock limit of one tool call; past it the call is stopped and the policy reads an error
     message instead of a result."""

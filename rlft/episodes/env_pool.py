@@ -30,7 +30,7 @@ from rlft.episodes.env import Step
 from rlft.episodes.env_worker import env_call
 from rlft.episodes.episode import check_step
 from rlft.errors import Described, EnvError, how_it_ended
-from rlft.worker_server import context
+from rlft.worker_server import start_method
 
 _Job = tuple[Any, "WorkerEnv", str, Any, str]
 """A call for a worker: (the step's key or None for a build, environment, op, argument, what it does in words)."""
@@ -64,10 +64,11 @@ class EnvPool:
     """Up to ``num_workers`` worker processes holding ``env_class`` environments (see the module docstring);
     ``timeout_s`` bounds each build and step (0: no limit); ``name`` names the environment in errors."""
 
-    def __init__(self, env_class: Any, name: str, num_workers: int, timeout_s: float):
+    def __init__(self, env_class: Any, name: str, num_workers: int, timeout_s: float, start: str = "server"):
         self.env_class, self.name, self.num_workers, self.timeout_s = env_class, name, max(1, num_workers), timeout_s
         self._fn = functools.partial(env_call, env_class)
-        self.ctx = context(self._fn)  # from the worker server, which imports the environment's module
+        # From the worker server, which imports the environment's module (episode.worker_start=server), or the trainer.
+        self.ctx, self.started_from = start_method(self._fn, start)
         self.workers: list[_Worker] = []
         self.live: list[int] = []
         """Per worker, the environments it holds that an episode still uses."""

@@ -51,6 +51,8 @@ def run_episodes(sampler: Sampler, tokenizer: Any, prompts: list[list[int]], par
     Raises:
         EnvError: an environment raised, or returned something that is not a Step.
     """
+    # episode.max_tokens bounds the first turn too (the later turns: rlft.episodes.episode.room_after), both schedules.
+    params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, limits.max_tokens))
     if continuous:
         if not hasattr(sampler, "submit"):
             raise ConfigError(f"{type(sampler).__name__} runs episodes in lockstep only (episode.schedule=lockstep)")

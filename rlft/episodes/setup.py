@@ -3,11 +3,12 @@ of each episode, the limits, and how the first prompt shows the tools to the pol
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlft import worker_server
 from rlft.config.validation import resolve_sampler_name
 from rlft.data.chat import problem_ids
 from rlft.data.safe_tokens import chat_ids
@@ -43,6 +44,18 @@ class EpisodeSetup:
     """The role the tool results come back in (episode.tool_role: tool, or user)."""
     continuous: bool = False
     """Episodes that do not wait for each other (episode.schedule, rlft.episodes.stream); else lockstep."""
+    workers: str | None = None
+    """Where the worker processes of the user tools or episode.env are forked from, in words (None: none runs)."""
+    closer: Callable[[], None] = lambda: None
+    """Stops the episodes' worker processes and threads."""
+
+    def close(self) -> None:
+        """At the end of the job (each job of a sweep): its workers go, and the worker server with them, so that
+        the next job's start with that job's environment, log and modules."""
+        try:
+            self.closer()
+        finally:
+            worker_server.stop()
 
     def make(self, problem: Problem) -> Any:
         return self.env_class(problem)
@@ -127,16 +140,16 @@ def episode_setup(cfg: Config) -> EpisodeSetup | None:
     if e.env:
         # Each episode's environment lives in a worker process (rlft.episodes.env_pool), bounded there by env_timeout_s.
         name = f"episode.env={e.env}"
-        pool = EnvPool(load_env(e.env), name, e.env_workers, e.env_timeout_s)
-        atexit.register(pool.close)
+        pool = EnvPool(load_env(e.env), name, e.env_workers, e.env_timeout_s, e.worker_start)
         return EpisodeSetup(pool.make, name, dataclasses.replace(limits, env_timeout_s=e.env_timeout_s),
-                            continuous=continuous)
+                            continuous=continuous, workers=f"environment workers: {pool.started_from}",
+                            closer=pool.close)
     # The tools bound their own calls (episode.tool_timeout_s each), so their environment has no limit.
     tools = load_tools(cfg.tools, e)
     runner = ToolRunner(tools, e)
-    atexit.register(runner.close)
+    workers = f"tool workers: {runner.started_from}" if runner.started_from else None
     return EpisodeSetup(lambda problem: ToolEnv(runner, e.tool_role), "tools", limits, tools, e.tool_format,
-                        e.max_tool_calls, e.tool_role, continuous)
+                        e.max_tool_calls, e.tool_role, continuous, workers, runner.close)
 
 
 def _first_prompt_refused(e: Exception, tool_format: str, takes_tools: bool) -> str:

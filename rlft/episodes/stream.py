@@ -17,6 +17,7 @@ seed with k folded into its high bits).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -155,12 +156,16 @@ class _Loop:
             tell(self.progress, *counts)
 
     def abandon(self) -> None:
-        """After a failure: the engine's requests are aborted and the environments' steps in flight dropped."""
-        try:
-            self.sampler.abort()
-        finally:
-            for stepper in self.steppers.values():
-                stepper.abandon()
+        """After a failure: the engine's requests are aborted and the environments' steps in flight dropped. Each
+        step of the cleanup is tried whatever the others did, and none raises: the failure that started it is the
+        one the run reports (a dead engine's abort, or a stepper whose workers are gone, goes to train.log)."""
+        for what, undo in [("aborting the engine's requests", self.sampler.abort),
+                           *[(f"dropping the steps of {type(s).__name__}", s.abandon) for s in self.steppers.values()]]:
+            try:
+                undo()
+            except Exception as e:  # noqa: BLE001  (the first error is reported; this one is logged)
+                logging.getLogger(__name__).warning("after the rollout failed, %s raised %s: %s", what,
+                                                    type(e).__name__, e)
 
 
 class _InProcess:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rlft.errors import ToolTimeout, how_it_ended
-from rlft.tools import cgroup, sandbox
+from rlft.tools import sandbox
 
 if TYPE_CHECKING:
     from rlft.config.schemas import EpisodeConfig
@@ -127,13 +127,12 @@ def python_tool(cfg: EpisodeConfig) -> Callable[[str], str]:
     """The ``python`` tool under ``cfg``'s limits (``tool_timeout_s``, ``python_memory_mb``, ``python_max_procs``,
     ``tool_output_chars``) in its sandbox (``python_sandbox``; checked here: ConfigError when it cannot start)."""
     sandboxed = cfg.python_sandbox == "bwrap"
-    # RLIMIT_NPROC only where no cgroup bounds the call: it counts per user (as root: uid 65534 machine-wide,
-    # every concurrent call together). RLIMIT_NOFILE: memfds and files are memory a per-process limit misses.
-    nproc = cfg.python_max_procs if sandboxed and cgroup.kind() is None else -1
-    limits = [cfg.python_memory_mb * 2**20, math.ceil(cfg.tool_timeout_s) + 1, _OUTPUT_FILE_BYTES, 0, nproc,
-              _MAX_FILES]
+    # RLIMIT_NPROC (-1 here) is set per call, only where no cgroup bounds it (_boots). RLIMIT_NOFILE: memfds and
+    # files are memory a per-process limit misses.
+    limits = [cfg.python_memory_mb * 2**20, math.ceil(cfg.tool_timeout_s) + 1, _OUTPUT_FILE_BYTES, 0, -1, _MAX_FILES]
     if sandboxed:
-        sandbox.check_sandbox(tuple(_boot(limits, sandboxed)), limits[0], cfg.python_max_procs)
+        bounded, unbounded = _boots(limits, cfg.python_max_procs)
+        sandbox.check_sandbox(tuple(bounded), limits[0], cfg.python_max_procs, tuple(unbounded))
     sandbox.harden_trainer()
 
     def python(code: str) -> str:
@@ -151,6 +150,13 @@ def _boot(limits: list[int], sandboxed: bool) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(sandbox.NOBODY if sandboxed else 0), *map(str, limits)]
 
 
+def _boots(limits: list[int], max_procs: int) -> tuple[list[str], list[str]]:
+    """The sandbox's bootstrap where a cgroup bounds the call's processes, and where none could be made for it
+    (RLIMIT_NPROC bounds them then: it counts per user, as root uid 65534's processes machine-wide, so concurrent
+    calls share it)."""
+    return _boot(limits, True), _boot([*limits[:4], max_procs, *limits[5:]], True)
+
+
 def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int, sandboxed: bool,
                max_procs: int) -> str:
     """Run ``code`` with this venv's python in isolated mode, in a bwrap sandbox (``sandboxed``,
@@ -166,7 +172,7 @@ def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int
         with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as output:
             source.write(code.encode("utf-8", "surrogatepass"))
             source.seek(0)
-            with _started(_boot(limits, sandboxed), limits[0], max_procs, source, output, workdir) as proc:
+            with _started(limits, sandboxed, max_procs, source, output, workdir) as proc:
                 finished = _wait_exit(proc.pid, timeout_s)
             text = _read(output, output_chars)
     finally:
@@ -181,16 +187,18 @@ def run_python(code: str, limits: list[int], timeout_s: float, output_chars: int
 
 
 @contextlib.contextmanager
-def _started(boot: list[str], memory_bytes: int, max_procs: int, source: Any, output: Any, workdir: str | None
+def _started(limits: list[int], sandboxed: bool, max_procs: int, source: Any, output: Any, workdir: str | None
              ) -> Iterator[subprocess.Popen]:
-    """The program's process (bwrap's, when ``workdir`` is None: rlft.tools.sandbox.started), started; on
-    leaving, everything it started is killed and it is reaped."""
+    """The program's process (bwrap's, when ``sandboxed``: rlft.tools.sandbox.started), started; on leaving,
+    everything it started is killed and it is reaped."""
     io: dict[str, Any] = {"stdin": source, "stdout": output, "stderr": subprocess.STDOUT}
-    if workdir is None:
-        with sandbox.started(boot, memory_bytes, max_procs, **io) as proc:
+    if sandboxed:
+        bounded, unbounded = _boots(limits, max_procs)
+        with sandbox.started(bounded, limits[0], max_procs, unbounded, **io) as proc:
             yield proc
         return
-    proc = subprocess.Popen(boot, cwd=workdir, env=sandbox.sandbox_env(workdir), start_new_session=True, **io)
+    assert workdir is not None
+    proc = subprocess.Popen(_boot(limits, False), cwd=workdir, env=sandbox.sandbox_env(workdir), start_new_session=True, **io)
     try:
         yield proc
     finally:

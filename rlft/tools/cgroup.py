@@ -26,7 +26,35 @@ _COUNTER = itertools.count()
 @functools.cache  # not thread-safe: rlft.tools.sandbox.check_sandbox settles it at start-up, in one thread
 def parents() -> tuple[str, tuple[Path, ...]] | None:
     """``("v2", (dir,))`` or ``("v1", (memory dir, pids dir))``: where this process makes its sandboxes'
-    cgroups; None when it cannot."""
+    cgroups; None when it cannot. The cgroups a killed trainer left there are removed (:func:`remove_stale`)."""
+    found = _parents()
+    if found is not None:
+        remove_stale(found[1])
+    return found
+
+
+def remove_stale(dirs: tuple[Path, ...]) -> list[Path]:
+    """Remove the sandbox cgroups in ``dirs`` whose trainer is gone (its pid is in their name: a trainer killed
+    with kill -9 leaves its calls' cgroups behind, empty once the sandbox's processes died with it); returns them.
+    One that still holds a process stays."""
+    removed = []
+    for d in dirs:
+        try:
+            children = [c for c in d.iterdir() if c.name.startswith("rlft-sandbox-")]
+        except OSError:
+            continue
+        for child in children:
+            owner = child.name.split("-")[2]
+            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                try:
+                    child.rmdir()
+                    removed.append(child)
+                except OSError:
+                    pass
+    return removed
+
+
+def _parents() -> tuple[str, tuple[Path, ...]] | None:
     own = _own_cgroups()
     mounts = _mounts()
     v2 = mounts.get("cgroup2")

@@ -19,6 +19,8 @@ TOOL_ROLES = ("tool", "user")
 """episode.tool_role: the role tool results come back in (rlft.episodes.tool_env.result_messages)."""
 SCHEDULES = ("auto", "continuous", "lockstep")
 """episode.schedule: how the episodes of a rollout advance (rlft.episodes.stream, rlft.episodes.run)."""
+WORKER_STARTS = ("server", "fork")
+"""episode.worker_start: where the workers kept for the run are forked from (rlft.worker_server)."""
 SANDBOX_LEVELS = ("bwrap", "process")
 """episode.python_sandbox: rlft.tools.sandbox's bwrap, or a plain process."""
 
@@ -63,5 +65,7 @@ def check_episode(cfg: EpisodeConfig) -> None:
         raise ConfigError(f"episode.tool_format='{cfg.tool_format}'; valid choices: {', '.join(TOOL_FORMATS)}")
     if cfg.tool_role not in TOOL_ROLES:
         raise ConfigError(f"episode.tool_role='{cfg.tool_role}'; valid choices: {', '.join(TOOL_ROLES)}")
+    if cfg.worker_start not in WORKER_STARTS:
+        raise ConfigError(f"episode.worker_start='{cfg.worker_start}'; valid choices: {', '.join(WORKER_STARTS)}")
     if cfg.schedule not in SCHEDULES:
         raise ConfigError(f"episode.schedule='{cfg.schedule}'; valid choices: {', '.join(SCHEDULES)}")

