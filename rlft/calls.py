@@ -28,7 +28,7 @@ from typing import Any
 
 from rlft.errors import CallDied, CallFailed, CallTimeout, Described, how_it_ended  # noqa: F401  (re-exported)
 from rlft.worker_loop import PARENT_ENDS, serve
-from rlft.worker_server import context, failed, forks_here, usable
+from rlft.worker_server import context, failed, forks_here, started, usable
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,8 @@ def _start(ctx: Any, fn: Callable[..., Any], child: Connection) -> Any:
         if forks_here(ctx):
             raise
         return _start(failed(e), fn, child)
+    if not forks_here(ctx):
+        started(process)
     return process
 
 

@@ -17,7 +17,7 @@ import torch
 from rlft.data import Task, build_task
 from rlft.data.chat import drop_long_prompts, prompt_room
 from rlft.distributed import SINGLE, DataParallel, local_rank
-from rlft.episodes.setup import EpisodeSetup, episode_setup, prompt_overhead
+from rlft.episodes.setup import EpisodeSetup, check_episodes, episode_setup, prompt_overhead
 from rlft.errors import ConfigError
 from rlft.learner import build_optimizer
 from rlft.models import Policy, build_policy
@@ -127,9 +127,7 @@ def preflight(cfg: Config, world: int) -> None:
     """
     for name in [*cfg.reward.fns, *filter(None, [gold_name(cfg)])]:
         resolve_reward(name)
-    episodes = episode_setup(cfg)  # an episode.env that does not import
-    if episodes is not None:
-        episodes.close()
+    check_episodes(cfg)  # an episode.env or a tool that does not import
     for m in cfg.reward.models:
         check_reward_model(m)
     for i, j in enumerate(cfg.reward.judges):

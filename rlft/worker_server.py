@@ -26,14 +26,14 @@ import multiprocessing.process as mp_process
 import multiprocessing.util as mp_util
 import os
 import pickle
-import shutil
 import signal
 import sys
-import tempfile
 import types
+import weakref
 from typing import Any
 
 from rlft.console import job_log
+from rlft.worker_temp import own_temp_dir
 
 _BASE_PRELOAD = ("rlft.worker_server_init", "rlft.worker_loop")
 _PRELOAD: list[str] = list(_BASE_PRELOAD)
@@ -77,20 +77,33 @@ def start_method(fn: Any, start: str = "server") -> tuple[Any, str]:
             logging.getLogger(__name__).warning("module %s %s: its workers are forked from the trainer", name, why)
             return fork, f"forked from the trainer (module {name} {why})"
     preload(*sorted(modules - {"builtins"}))
-    temp = own_temp_dir() or tempfile.gettempdir()
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(_BASE_PRELOAD))  # no effect once the server runs
-    # The server's first import (rlft.worker_server_init) imports the rest itself: multiprocessing's preload skips a
-    # module that raises ImportError, and each worker would then die unpickling its function.
-    os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), "log": job_log(), **_main_names(),
-                                         "modules": _PRELOAD[len(_BASE_PRELOAD):],
-                                         "report": os.path.join(temp, f"rlft-server-{os.getpid()}.err")})
-    _State.ours = True
+    ctx = _arm()
     users = sorted(m for m in modules if m.split(".")[0] not in ("rlft", "builtins", "functools"))
     return ctx, (f"forked from the worker server (episode.worker_start=server), which imports "
                  f"{', '.join(users) or 'their modules'} afresh: what the program set in them after import is not "
                  "seen there (episode.worker_start=fork: forked from the trainer, each keeping a copy of the memory "
                  "the trainer writes; docs/usage.md#worker-processes)")
+
+
+def _arm() -> Any:
+    """Set up the server that the next worker start will start (when none runs): what it imports and what its
+    first import needs (SERVER_ENV); the forkserver context."""
+    ctx = multiprocessing.get_context("forkserver")
+    if _running():
+        return ctx
+    own_temp_dir()
+    ctx.set_forkserver_preload(list(_BASE_PRELOAD))
+    # The server's first import (rlft.worker_server_init) imports the rest itself: multiprocessing's preload skips a
+    # module that raises ImportError, and each worker would then die unpickling its function.
+    report = os.path.join(mp_util.get_temp_dir(), f"rlft-server-{os.getpid()}.err")
+    os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), "log": job_log(), **_main_names(),
+                                         "modules": _PRELOAD[len(_BASE_PRELOAD):], "report": report})
+    _State.ours = True
+    return ctx
+
+
+def _running() -> bool:
+    return getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
 
 
 def not_fresh(name: str) -> str | None:
@@ -102,19 +115,17 @@ def not_fresh(name: str) -> str | None:
     for i in range(1, len(parts) + 1):
         prefix = ".".join(parts[:i])
         module = sys.modules.get(prefix)
-        if module is None or prefix in sys.builtin_module_names:
-            continue
+        parent = sys.modules.get(prefix.rpartition(".")[0]) if i > 1 else None
+        if module is None or prefix in sys.builtin_module_names or (i > 1 and not hasattr(parent, "__path__")):
+            continue  # a submodule of a module that is no package: its C code made it (pyexpat.errors, torch._C._nn)
         spec = _fresh_spec(prefix)
         if spec is None:
             return "is not found by a fresh import of that name"
-        if spec.origin in ("built-in", "frozen"):
-            continue
         have = getattr(module, "__file__", None)
-        found = spec.origin if spec.has_location else None
-        if have is None and found is None:  # a namespace package
+        if not spec.has_location or have is None:  # built-in, frozen, a namespace package, a finder's own loader
             continue
-        if have is None or found is None or os.path.realpath(have) != os.path.realpath(found):
-            return f"was loaded from {have or 'no file'}, where a fresh import finds {found or 'no file'}"
+        if os.path.realpath(have) != os.path.realpath(spec.origin):
+            return f"was loaded from {have}, where a fresh import finds {spec.origin}"
     return None
 
 
@@ -138,64 +149,45 @@ def _fresh_spec(name: str) -> Any:
     return None
 
 
-TEMP_PREFIX = "rlft-mp-"
-"""multiprocessing's temporary folder of an rlft trainer (it holds the server's socket): rlft-mp-PID-XXXXXXXX."""
-
-
-def own_temp_dir() -> str | None:
-    """Give this process's multiprocessing a temporary folder named after its pid (multiprocessing's own,
-    pymp-XXXXXXXX, names no owner), unless it has one already; first remove those of trainers that are gone (a
-    trainer killed with kill -9 leaves its folder). Returns the folder (None: multiprocessing chose its own)."""
-    config = getattr(multiprocessing.current_process(), "_config", None)  # where multiprocessing.util keeps it
-    if not isinstance(config, dict) or config.get("tempdir") is not None:
-        return None
-    remove_stale_temp_dirs()
-    path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
-    # Removed at exit as multiprocessing removes its own (late: after the server's socket is closed).
-    mp_util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)
-    config["tempdir"] = path
-    return path
-
-
-def remove_stale_temp_dirs(where: str | None = None) -> list[str]:
-    """Remove the multiprocessing folders of rlft trainers that are gone from ``where`` (default: the temporary
-    directory); returns them."""
-    where = where or tempfile.gettempdir()
-    removed: list[str] = []
-    if not os.path.isdir("/proc/self"):  # no way to tell a live owner here
-        return removed
-    try:
-        names = [n for n in os.listdir(where) if n.startswith(TEMP_PREFIX)]
-    except OSError:
-        return removed
-    for name in names:
-        owner = name[len(TEMP_PREFIX):].split("-")[0]
-        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-            shutil.rmtree(os.path.join(where, name), ignore_errors=True)
-            removed.append(os.path.join(where, name))
-    return removed
-
-
 def stop() -> None:
-    """At the end of a job (a sweep runs several in one process): stop the server rlft started, once the job's
-    workers are gone, so that the next job's server starts with that job's environment, log and modules."""
+    """At the end of a job (a sweep runs several in one process), once the job's workers are gone: stop the server
+    rlft started, so that the next job's server starts with that job's environment, log and modules. A server with
+    a live worker (of a pool still open elsewhere in the program) is left running (its workers would die with it). A
+    pool that starts a worker after the stop starts a server set up anew (:func:`usable`)."""
     server = forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     halt = getattr(server, "_stop", None)  # CPython's own (its tests stop servers with it): closes, reaps, unlinks
-    if _State.ours and pid is not None and halt is not None:
-        # Killed first: the server ends by itself only once every holder of its "alive" pipe has closed it, and a
-        # process forked from the trainer meanwhile (a reward worker, a user's) holds a copy.
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        halt()
-    _State.ours = _State.failed = False
-    del _PRELOAD[len(_BASE_PRELOAD):]
-    os.environ.pop(SERVER_ENV, None)
+    try:
+        if any(p.is_alive() for p in list(_LIVE)):
+            return
+        if _State.ours and pid is not None and halt is not None:
+            # Killed first: the server ends by itself only once every holder of its "alive" pipe has closed it, and
+            # a process forked from the trainer meanwhile (a reward worker, a user's) holds a copy.
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):  # reaped elsewhere (SIGCHLD ignored), its socket gone
+                halt()
+            server._forkserver_pid = None  # whatever halt() managed: the next start starts afresh
+        _State.ours = False
+        os.environ.pop(SERVER_ENV, None)
+    finally:
+        _State.failed = False
+        del _PRELOAD[len(_BASE_PRELOAD):]
 
 
 def usable(ctx: Any) -> Any:
-    """``ctx``, or fork once the server has failed to start."""
-    return multiprocessing.get_context("fork") if _State.failed and not forks_here(ctx) else ctx
+    """``ctx``, or fork once the server has failed to start; a server stopped at the end of a job is set up again
+    (for this job) before a worker of an older pool starts it."""
+    if forks_here(ctx):
+        return ctx
+    if _State.failed:
+        return multiprocessing.get_context("fork")
+    return ctx if _started_by_another() else _arm()
+
+
+def started(process: Any) -> None:
+    """A worker of the server started (:func:`stop` leaves the server running while one lives)."""
+    _LIVE.add(process)
 
 
 def failed(error: BaseException) -> Any:
@@ -213,6 +205,10 @@ def failed(error: BaseException) -> Any:
             "the worker server did not start (%s); tool and environment workers are forked from the trainer", why)
     _State.failed = True
     return multiprocessing.get_context("fork")
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+"""The server's workers started (processes) that may still live."""
 
 
 class _State:

@@ -301,10 +301,21 @@ time.sleep(60)
 
 
 @linux
-def test_a_killed_trainers_multiprocessing_folder_goes_at_the_next_start(tmp_path):
+def test_a_killed_trainers_multiprocessing_folder_goes_at_the_next_start():
     """kill -9 of the trainer leaves multiprocessing's folder (the server's socket) behind: it is named after the
     trainer's pid (multiprocessing's own pymp-* names no owner), and the next trainer's start removes it, and only
     the folders of trainers that are gone."""
+    import shutil
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="rlft-t-", dir="/tmp"))  # short: the server's socket lies under it
+    try:
+        _killed_trainer_folder(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _killed_trainer_folder(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen([sys.executable, "-c", KILLED], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     folder = Path(first.stdout.readline().strip())
@@ -376,3 +387,42 @@ def test_a_tool_module_that_imports_what_a_fresh_import_cannot_find_gets_forked_
     assert proc.returncode == 0 and proc.stdout.startswith("True"), (proc.stdout, proc.stderr[-3000:])
     assert proc.stderr.count("the worker server did not start (importing tool_over_loose there raised "
                              "ModuleNotFoundError: No module named 'rlft_loose_helper')") == 1, proc.stderr[-3000:]
+
+
+TWO_POOLS = """
+import os
+from rlft import worker_server
+from rlft.pool import Pool
+from tests.tool_helpers import parent_pid
+print("started", flush=True)  # a worker that ran this script again would print it again
+
+def ask(pool):
+    pool.submit(0, ((0,), {}))
+    got = {}
+    while not got:
+        got.update(pool.poll(None))
+    return got[0][0]
+
+a, b = Pool(parent_pid, 1, 30.0), Pool(parent_pid, 1, 30.0)
+first = ask(a), ask(b)
+a.close()
+worker_server.stop()  # b's worker still lives: the server stays
+print("kept", ask(b) == first[1], flush=True)
+b.close()
+worker_server.stop()  # nobody left: the server goes
+print("stopped", not os.path.exists(f"/proc/{first[1]}") or open(f"/proc/{first[1]}/stat").read().split()[2] == "Z")
+c = Pool(parent_pid, 1, 30.0)  # a new job's pool starts a server set up anew
+print("new", ask(c) not in (str(os.getpid()), first[1]), ask(a) == ask(c), flush=True)  # a's next worker: same server
+"""
+
+
+@linux
+def test_stopping_the_server_spares_a_pool_still_open_and_a_later_pool_starts_a_new_one(tmp_path):
+    """The end of one job's episodes stops the server only once no worker of it lives (a pool of the program's
+    still open keeps it); a pool that starts a worker afterwards gets a server set up as the first was: out of the
+    trainer's group, with the trainer's main module named, so the script is not run again."""
+    (tmp_path / "two_pools.py").write_text(TWO_POOLS)
+    proc = subprocess.run([sys.executable, str(tmp_path / "two_pools.py")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:4] == ["started", "kept True", "stopped True", "new True True"], proc.stdout

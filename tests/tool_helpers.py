@@ -162,3 +162,14 @@ def reads_state(x: int) -> str:
         x: Any integer.
     """
     return STATE["db"]
+
+
+def parent_pid(x: int) -> str:
+    """The pid of the process that started this worker (the worker server's, or the trainer's).
+
+    Args:
+        x: Any integer.
+    """
+    import os
+
+    return str(os.getppid())

@@ -129,6 +129,19 @@ def prompt_overhead(episodes: EpisodeSetup | None, tokenizer: Any, task: Task, d
     return len(episodes.prompt_ids(tokenizer, problem, data_cfg)) - len(problem_ids(tokenizer, problem, data_cfg))
 
 
+def check_episodes(cfg: Config) -> None:
+    """What :func:`episode_setup` stops on, without starting anything: ``episode.env`` or a tool that does not
+    import, a python tool whose sandbox cannot start here.
+
+    Raises:
+        RlftError: in one line, naming what does not import or start.
+    """
+    if cfg.episode.env:
+        load_env(cfg.episode.env)
+    elif cfg.tools:
+        load_tools(cfg.tools, cfg.episode)
+
+
 def episode_setup(cfg: Config) -> EpisodeSetup | None:
     """The run's episodes; None when each episode is one reply (no ``episode.env``, no ``tools``)."""
     e = cfg.episode

@@ -72,7 +72,8 @@ def python_dirs() -> list[str]:
     dirs.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
     dirs |= {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}  # the paths symlinks name
     system = tuple(d + "/" for d in _SYSTEM_DIRS)
-    kept = sorted(d for d in dirs if d != "/" and not (d + "/").startswith(system))
+    # Never the host's /tmp, /dev/shm or /dev whole (a venv right at /tmp): they would replace the sandbox's own.
+    kept = sorted(d for d in dirs if d not in ("/", "/tmp", "/dev", "/dev/shm") and not (d + "/").startswith(system))
     return [d for d in kept if not any(d.startswith(k + "/") for k in kept if k != d)]
 
 

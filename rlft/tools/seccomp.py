@@ -10,9 +10,10 @@ What it refuses, and why:
 - ``unshare``, ``setns``, and ``clone`` with a namespace flag: a new user namespace would give the program every
   capability inside it (and with them the kernel's namespace-gated interfaces: mounts, nftables); ``clone3``
   answers ENOSYS (its flags sit in memory a filter cannot read), so the C library falls back to ``clone``.
-- ``ptrace``, ``process_vm_readv``/``writev``, and the other calls that pass the same ptrace access check:
-  ``pidfd_getfd`` (takes a copy of another process's open file), ``kcmp`` (compares two processes' files and
-  memory) and ``process_madvise`` (acts on another process's memory). bwrap's init, in the sandbox beside the
+- ``ptrace``, ``process_vm_readv``/``writev``, and calls that reach into another process after a ptrace access
+  check of their own: ``pidfd_getfd`` (takes a copy of its open file), ``kcmp`` (compares two processes' files
+  and memory), ``process_madvise`` (acts on its memory), ``get_robust_list`` (reads an address of its), and
+  ``migrate_pages``/``move_pages`` (move or read where its pages lie). bwrap's init, in the sandbox beside the
   program, holds what it was started with.
 - ``io_uring_*``, ``bpf``, ``perf_event_open``, ``userfaultfd``: large kernel interfaces a Python program does not
   need, and the usual way past a filter.
@@ -44,15 +45,17 @@ _ARCHES = {
                             "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311, "perf_event_open": 298,
                             "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
                             "io_uring_register": 427, "kcmp": 312, "pidfd_getfd": 438, "process_madvise": 440,
-                            "clone": 56, "clone3": 435}),
+                            "get_robust_list": 274, "migrate_pages": 256, "move_pages": 279, "clone": 56,
+                            "clone3": 435}),
     "aarch64": (0xC00000B7, {"ptrace": 117, "keyctl": 219, "add_key": 217, "request_key": 218, "unshare": 97,
                              "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "perf_event_open": 241,
                              "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
                              "io_uring_register": 427, "kcmp": 272, "pidfd_getfd": 438, "process_madvise": 440,
-                             "clone": 220, "clone3": 435}),
+                             "get_robust_list": 100, "migrate_pages": 238, "move_pages": 239, "clone": 220,
+                             "clone3": 435}),
 }
 REFUSED = ("ptrace", "keyctl", "add_key", "request_key", "unshare", "setns", "process_vm_readv", "process_vm_writev",
-           "kcmp", "pidfd_getfd", "process_madvise", "perf_event_open", "bpf", "userfaultfd", "io_uring_setup",
+           "kcmp", "pidfd_getfd", "process_madvise", "get_robust_list", "migrate_pages", "move_pages", "perf_event_open", "bpf", "userfaultfd", "io_uring_setup",
            "io_uring_enter", "io_uring_register")
 
 
