@@ -28,7 +28,7 @@ from typing import Any
 
 from rlft.errors import CallDied, CallFailed, CallTimeout, Described, how_it_ended  # noqa: F401  (re-exported)
 from rlft.worker_loop import PARENT_ENDS, serve
-from rlft.worker_server import context, failed, forks_here, started, usable
+from rlft.worker_server import failed, forks_here, started, usable
 
 
 @dataclass(frozen=True)
@@ -163,10 +163,10 @@ class Workers:
     def __init__(self, fn: Callable[..., Any], policy: CallPolicy, settle: bool = False, keep: bool = False,
                  ctx: Any = None):
         self.fn, self.policy, self.settle, self.keep = fn, policy, settle, keep
-        # A kept pool's workers come from the worker server (rlft.worker_server: a worker forked from the trainer
-        # keeps the pages the trainer writes later) unless ``ctx`` says otherwise; run()'s live for one batch of
-        # calls and are forked from the trainer, inheriting the user modules as the trainer has them.
-        self.ctx = ctx or (context(fn) if keep else multiprocessing.get_context("fork"))
+        # A kept pool's workers come from where its ``ctx`` says (rlft.worker_server.start_method: the worker server,
+        # since a worker forked from the trainer keeps the pages the trainer writes later); run()'s live for one
+        # batch of calls and are forked from the trainer, inheriting the user modules as the trainer has them.
+        self.ctx = ctx or multiprocessing.get_context("fork")
         self.idle: list[Worker] = []
         self.busy: list[Worker] = []
         self.seconds: dict[int, float] = {}

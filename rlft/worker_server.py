@@ -8,10 +8,10 @@ copied, the worker keeping the old one. Measured (docs/results.md, the tool task
 out of memory during the next update. A worker forked from the server shares only the server's few modules.
 It neither holds the trainer's memory (the data's answers included) nor inherits its open files.
 
-The server imports :data:`_PRELOAD` once when it starts (the worker's loop, the modules of the user's tools
-and environments), so that the workers share those imports instead of each importing them. It runs the
-function of a worker after unpickling it by reference: a function that does not pickle (a closure) is run by
-a worker forked from the trainer instead (``context``).
+The server imports :data:`_PRELOAD` and :data:`_MODULES` (the modules of the user's tools and environments) once
+when it starts, so that the workers share those imports instead of each importing them. It runs the function of a
+worker after unpickling it by reference: a function that does not pickle (a closure) is run by a worker forked from
+the trainer instead (:func:`start_method`).
 """
 
 from __future__ import annotations
@@ -35,22 +35,14 @@ from typing import Any
 from rlft.console import job_log
 from rlft.worker_temp import own_temp_dir
 
-_BASE_PRELOAD = ("rlft.worker_server_init", "rlft.worker_loop")
-_PRELOAD: list[str] = list(_BASE_PRELOAD)
+_PRELOAD = ("rlft.worker_server_init", "rlft.worker_loop")
+"""multiprocessing's preload of the server: its first import, then what every worker runs."""
+_MODULES: list[str] = []
+"""The modules of the functions handed to :func:`start_method`, which the server's first import imports itself
+(multiprocessing's preload skips a module that raises ImportError, and each worker would then die unpickling)."""
 SERVER_ENV = "RLFT_WORKER_SERVER"
 """Set before the server starts to what its first import (rlft.worker_server_init) needs: the trainer's pid (it
 acts only in a direct child of that process) and how the trainer's ``__main__`` is named to a worker."""
-
-
-def preload(*modules: str) -> None:
-    """Have the server import ``modules`` when it starts (those named after it started are imported by each
-    worker that needs them)."""
-    _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
-
-
-def context(fn: Any, start: str = "server") -> Any:
-    """The multiprocessing context to start a worker of ``fn`` with (:func:`start_method`)."""
-    return start_method(fn, start)[0]
 
 
 def start_method(fn: Any, start: str = "server") -> tuple[Any, str]:
@@ -76,7 +68,8 @@ def start_method(fn: Any, start: str = "server") -> tuple[Any, str]:
         if why:
             logging.getLogger(__name__).warning("module %s %s: its workers are forked from the trainer", name, why)
             return fork, f"forked from the trainer (module {name} {why})"
-    preload(*sorted(modules - {"builtins"}))
+    # Imported by the server when it starts (those named after it started: by each worker that needs them).
+    _MODULES.extend(m for m in sorted(modules - {"builtins"}) if m not in _MODULES)
     ctx = _arm()
     users = sorted(m for m in modules if m.split(".")[0] not in ("rlft", "builtins", "functools"))
     return ctx, (f"forked from the worker server (episode.worker_start=server), which imports "
@@ -92,12 +85,10 @@ def _arm() -> Any:
     if _running():
         return ctx
     own_temp_dir()
-    ctx.set_forkserver_preload(list(_BASE_PRELOAD))
-    # The server's first import (rlft.worker_server_init) imports the rest itself: multiprocessing's preload skips a
-    # module that raises ImportError, and each worker would then die unpickling its function.
+    ctx.set_forkserver_preload(list(_PRELOAD))
     report = os.path.join(mp_util.get_temp_dir(), f"rlft-server-{os.getpid()}.err")
     os.environ[SERVER_ENV] = json.dumps({"trainer": os.getpid(), "log": job_log(), **_main_names(),
-                                         "modules": _PRELOAD[len(_BASE_PRELOAD):], "report": report})
+                                         "modules": _MODULES, "report": report})
     _State.ours = True
     return ctx
 
@@ -172,7 +163,7 @@ def stop() -> None:
         os.environ.pop(SERVER_ENV, None)
     finally:
         _State.failed = False
-        del _PRELOAD[len(_BASE_PRELOAD):]
+        _MODULES.clear()
 
 
 def usable(ctx: Any) -> Any:
@@ -221,7 +212,7 @@ class _State:
 def _started_by_another() -> bool:
     """Another part of this program started the process's forkserver (a library, or Python 3.14's default start
     method): its server preloads nothing of this module's and stays in the trainer's process group."""
-    return not _State.ours and getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+    return not _State.ours and _running()
 
 
 def forks_here(ctx: Any) -> bool:

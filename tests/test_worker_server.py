@@ -157,11 +157,11 @@ def test_what_the_server_cannot_import_is_run_by_workers_forked_here(monkeypatch
 
     monkeypatch.setattr(_Searcher, "__module__", "__main__")
     monkeypatch.setattr(sys.modules["__main__"], "_Searcher", _Searcher, raising=False)
-    assert worker_server.context(functools.partial(multiply, b=2.0)).get_start_method() == "forkserver"
-    assert worker_server.context(lambda x: x).get_start_method() == "fork"
+    assert worker_server.start_method(functools.partial(multiply, b=2.0))[0].get_start_method() == "forkserver"
+    assert worker_server.start_method(lambda x: x)[0].get_start_method() == "fork"
     for fn in (_Searcher(), functools.partial(multiply, {"tool": _Searcher()}), _Searcher().__call__):
         assert worker_server._globals(fn) >= {"__main__"}
-        assert worker_server.context(fn).get_start_method() == "fork", fn
+        assert worker_server.start_method(fn)[0].get_start_method() == "fork", fn
 
 
 LOGS = """
