@@ -123,12 +123,10 @@ import builtins, os, sys
 builtins.rlft_test_ready = True  # what the trainer sets up before importing the tool's module
 from rlft.pool import Pool
 from tests.fragile_tool import parent_pid
+from tests.tool_helpers import answer
 pool = Pool(parent_pid, 1, 30.0)
-pool.submit(0, ((0,), {}))
-got = {}
-while not got:
-    got.update(pool.poll(None))
-print(got[0][0] == str(os.getpid()), got[0][0], flush=True)
+got = answer(pool, 0)
+print(got == str(os.getpid()), got, flush=True)
 """
 
 
@@ -169,15 +167,12 @@ import sys
 from pathlib import Path
 from rlft.console import run_log
 from rlft.pool import Pool
-from tests.tool_helpers import logs
+from tests.tool_helpers import answer, logs
 with run_log(Path(sys.argv[1])):
     pool = Pool(logs, 1, 30.0)
-    pool.submit(0, (("marker-7",), {}))
-    got = {}
-    while not got:
-        got.update(pool.poll(None))
+    got = answer(pool, "marker-7")
     pool.close()
-print(got[0][0])
+print(got)
 """
 
 
@@ -194,13 +189,10 @@ def test_the_servers_workers_log_to_the_jobs_train_log(tmp_path):
 
 STDIN_TRAINER = """
 from rlft.pool import Pool
-from tests.tool_helpers import multiply
+from tests.tool_helpers import answer, multiply
 pool = Pool(multiply, 1, 30.0)
-pool.submit(0, ((6,), {"b": 7.0}))
-got = {}
-while not got:
-    got.update(pool.poll(None))
-print("result", got[0][0], flush=True)
+got = answer(pool, 6, b=7.0)
+print("result", got, flush=True)
 """
 
 
@@ -220,11 +212,8 @@ from rlft.pool import Pool
 import tests.tool_helpers as helpers
 helpers.STATE["db"] = "set by the program"  # after import: a fresh import does not see it
 pool = Pool(helpers.reads_state, 1, 30.0, start=sys.argv[1])
-pool.submit(0, ((0,), {}))
-got = {}
-while not got:
-    got.update(pool.poll(None))
-print(got[0][0])
+got = helpers.answer(pool, 0)
+print(got)
 print(pool.started_from)
 """
 
@@ -252,12 +241,13 @@ module = importlib.util.module_from_spec(spec)
 sys.modules[sys.argv[2]] = module
 spec.loader.exec_module(module)
 from rlft.pool import Pool
-pool = Pool(module.parent_pid, 1, 30.0)
+pool = Pool(module.parent_pid, 1, 30.0)  # not tests.tool_helpers.answer: this run's tests.tool_helpers is the loose file
 pool.submit(0, ((0,), {}))
 got = {}
 while not got:
     got.update(pool.poll(None))
-print(got[0][0] == str(os.getpid()), got[0][0], flush=True)
+got = got[0][0]
+print(got == str(os.getpid()), got, flush=True)
 print(pool.started_from)
 """
 
@@ -289,12 +279,9 @@ def test_a_module_found_afresh_is_found_where_it_was_loaded():
 KILLED = """
 import multiprocessing, os, time
 from rlft.pool import Pool
-from tests.tool_helpers import multiply
+from tests.tool_helpers import answer, multiply
 pool = Pool(multiply, 1, 30.0)
-pool.submit(0, ((6,), {}))
-got = {}
-while not got:
-    got.update(pool.poll(None))
+answer(pool, 6)
 print(multiprocessing.util.get_temp_dir(), flush=True)
 time.sleep(60)
 """
@@ -365,12 +352,10 @@ sys.modules["rlft_loose_helper"] = helper
 spec.loader.exec_module(helper)
 import tool_over_loose
 from rlft.pool import Pool
+from tests.tool_helpers import answer
 pool = Pool(tool_over_loose.parent_pid, 1, 30.0)
-pool.submit(0, ((0,), {}))
-got = {}
-while not got:
-    got.update(pool.poll(None))
-print(got[0][0] == str(os.getpid()), got[0][0], flush=True)
+got = answer(pool, 0)
+print(got == str(os.getpid()), got, flush=True)
 """
 
 
@@ -393,15 +378,11 @@ TWO_POOLS = """
 import os
 from rlft import worker_server
 from rlft.pool import Pool
-from tests.tool_helpers import parent_pid
+from tests.tool_helpers import answer, parent_pid
 print("started", flush=True)  # a worker that ran this script again would print it again
 
 def ask(pool):
-    pool.submit(0, ((0,), {}))
-    got = {}
-    while not got:
-        got.update(pool.poll(None))
-    return got[0][0]
+    return answer(pool, 0)
 
 a, b = Pool(parent_pid, 1, 30.0), Pool(parent_pid, 1, 30.0)
 first = ask(a), ask(b)
