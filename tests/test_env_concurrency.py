@@ -309,6 +309,10 @@ def test_a_pool_hands_calls_back_by_key_as_they_settle_and_reuses_its_workers():
      "episode.schedule='sometimes'; valid choices: auto, continuous, lockstep"),
     (["episode.schedule=continuous", "tools=[calculator]", "sampler=hf"], "episode.schedule=continuous needs sampler=vllm"),
     (["episode.schedule=lockstep"], "episode.schedule=lockstep does nothing without tools or episode.env"),
+    (["episode.worker_start=fork", "tools=[calculator,python]"],
+     "episode.worker_start=fork does nothing without a user tool or episode.env"),
+    (["episode.worker_start=spawn", "tools=[tests.tool_helpers:multiply]"],
+     "episode.worker_start='spawn'; valid choices: server, fork"),
 ])
 def test_episode_schedule_refusals(compose_cfg, overrides, words):
     from rlft.errors import ConfigError

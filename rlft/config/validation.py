@@ -19,7 +19,7 @@ from rlft.config.schemas import (
 )
 from rlft.errors import ConfigError
 from rlft.rewards.rubric import check_judge
-from rlft.tools.check import check_episode, check_tools
+from rlft.tools.check import BUILTIN_NAMES, check_episode, check_tools
 
 
 def policy_budget(cfg: Config) -> int:
@@ -355,6 +355,10 @@ def _check_episodes(cfg: Config) -> None:
     if schedule != "auto" and not (cfg.tools or cfg.episode.env):
         raise ConfigError(f"episode.schedule={schedule} does nothing without tools or episode.env (each episode is one "
                           "reply): drop it")
+    user_tools = [t for t in cfg.tools if t not in BUILTIN_NAMES]
+    if cfg.episode.worker_start != "server" and not (user_tools or cfg.episode.env):
+        raise ConfigError(f"episode.worker_start={cfg.episode.worker_start} does nothing without a user tool or "
+                          "episode.env (the built-in tools run in the trainer's threads): drop it")
     if schedule == "continuous" and resolve_sampler_name(cfg.sampler.name) != "vllm":
         raise ConfigError("episode.schedule=continuous needs sampler=vllm (its engine takes each turn as a request of "
                           "its own; the hf sampler runs episodes in lockstep): drop it or use sampler=vllm")
