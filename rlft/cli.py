@@ -1,4 +1,4 @@
-"""`rlft train [overrides]`: a thin command line over ``rlft.trainer.train``."""
+"""`rlft train [overrides]`: a thin command line over ``rlft.training.loop.train``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlft.console import run_log
 from rlft.errors import CheckpointError, ConfigError, DataError, ModelError, RlftError, fail
+from rlft.output.console import run_log
 from rlft.paths import quote_home, user_path
 
 # The commands' own modules are imported inside the functions that run them: Hydra, torch and
@@ -51,7 +51,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def cmd_export(checkpoint: str, out_dir: str, adapter_only: bool) -> int:
-    from rlft.export import export  # torch, transformers
+    from rlft.commands.export import export  # torch, transformers
 
     try:
         used = export(checkpoint, out_dir, adapter_only)
@@ -71,9 +71,9 @@ def default_eval_out(checkpoint: Path | None) -> Path:
 
 
 def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -> int:
+    from rlft.commands.export import checkpoint_config, find_checkpoint  # torch
     from rlft.config import compose  # Hydra
-    from rlft.evaluation import run_eval, write_result  # torch, transformers
-    from rlft.export import checkpoint_config, find_checkpoint  # torch
+    from rlft.training.evaluation import run_eval, write_result  # torch, transformers
 
     path, overrides = None, list(args)
     if overrides and ("=" not in overrides[0] or user_path(overrides[0]).exists()):
@@ -124,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # Hydra parses the rest: every Hydra flag works as documented
         rest = argv[1:]
         if {"-h", "--help"} & set(rest):
-            from rlft.help import train_help  # Hydra
+            from rlft.commands.help import train_help  # Hydra
 
             try:
                 print(train_help(rest))
             except RlftError as e:  # a ConfigError
                 return fail(str(e), e.exit_code)
             return 0
-        from rlft.app import run  # Hydra
+        from rlft.commands.train import run  # Hydra
 
         return run(rest)
     if argv[:1] == ["check"]:  # rlft train's Hydra application, with a check for its job

@@ -2,7 +2,7 @@
 
 An error the user can act on is an :class:`RlftError`: ``rlft`` prints it as one line
 (``rlft: error: ...``, no traceback), records it in the job's ``job.json``, and exits with its
-class's ``exit_code`` (docs/usage.md, "Exit codes"). The others at the end are signals between
+class's ``exit_code`` (docs/guide/runs.md, "Exit codes"). The others at the end are signals between
 rlft's own parts, never shown as they are.
 """
 
@@ -54,13 +54,13 @@ class EnvError(RlftError, RuntimeError):
 
 class SyncError(RlftError, RuntimeError):
     """After a weight sync the sampler's log-probs of a fixed probe differ from the learner's beyond the
-    tolerance (rlft.sync_check): the message gives the mismatch, the tolerance and the sync mode."""
+    tolerance (rlft.sync.verify): the message gives the mismatch, the tolerance and the sync mode."""
 
     exit_code = 1
 
 
 class EnvOvertime(BaseException):
-    """Raised by SIGALRM inside an environment call past ``episode.env_timeout_s`` (rlft.episodes.run turns
+    """Raised by SIGALRM inside an environment call past ``episode.env_timeout_s`` (rlft.episodes.lockstep turns
     it into an EnvError); a BaseException, so that the user's ``except Exception`` lets it by."""
 
 
@@ -70,8 +70,8 @@ class RewardNameError(RewardError, ConfigError):
     exit_code = 2
 
 
-# Internal: how a call of user code ended (rlft.calls -> rlft.rewards.registry, which words them as a RewardError,
-# and rlft.tools.run, which words them for the policy).
+# Internal: how a call of user code ended (rlft.workers.user_calls -> rlft.rewards.functions, which words them as a RewardError,
+# and rlft.tools.dispatch, which words them for the policy).
 
 
 class CallTimeout(Exception):
@@ -127,7 +127,7 @@ class Described(Exception):
         return type(self.name, (Exception,), {})(self.message)
 
 
-# Internal: a built-in tool stopped at its time limit (rlft.tools.builtin -> rlft.tools.run, which tells the policy).
+# Internal: a built-in tool stopped at its time limit (rlft.tools.builtin -> rlft.tools.dispatch, which tells the policy).
 
 
 class ToolTimeout(Exception):

@@ -17,11 +17,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rlft.commands.jobs import JOB_STATUS, JobState
 from rlft.config.loading import TRAIN, check_overrides
-from rlft.jobs import JOB_STATUS, JobState
+from rlft.output.plots import plot_sweep
+from rlft.output.tracking import read_metrics
 from rlft.paths import user_path
-from rlft.plots import plot_sweep
-from rlft.tracking import read_metrics
 
 SUMMARY_KEYS = ("reward/mean", "eval/accuracy")
 RM_SUMMARY_KEYS = ("rm/loss", "eval/rm_accuracy")

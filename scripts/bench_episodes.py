@@ -75,9 +75,9 @@ def gemm() -> float:
 
 def child_env(tool: str, episodes: int) -> dict:
     """Part 1 in this process: seconds per round of stepping ``episodes`` tool episodes."""
-    from rlft.config.schemas import EpisodeConfig
+    from rlft.config.schemas.episode import EpisodeConfig
     from rlft.episodes.tool_env import ToolEnv
-    from rlft.tools.run import ToolRunner
+    from rlft.tools.dispatch import ToolRunner
     from rlft.tools.spec import load_tools
 
     cfg = EpisodeConfig()
@@ -142,10 +142,10 @@ def child_steps(tool: str, data: Path, steps: int, warmup: int, sampler: str, sc
     ``schedule``: episode.schedule (``-``: a tree without it). The environment time of a lockstep rollout is the
     wall time of its environment phases (the episode loop's function wrapped by a timer); of a continuous one the
     time the loop waited on environments with nothing to generate (its time/env_s)."""
-    import rlft.episodes.run as loop
+    import rlft.episodes.lockstep as loop
     from rlft.config import compose
-    from rlft.rollout import collect_rollout
-    from rlft.trainer import build_components
+    from rlft.training.loop import build_components
+    from rlft.training.rollout import collect_rollout
 
     name = "_advance_all" if hasattr(loop, "_advance_all") else "_advance"
     inner = getattr(loop, name)
@@ -184,8 +184,8 @@ def child_paired(tool: str, data: Path, reps: int) -> dict:
     import dataclasses
 
     from rlft.config import compose
-    from rlft.rollout import collect_rollout
-    from rlft.trainer import build_components
+    from rlft.training.loop import build_components
+    from rlft.training.rollout import collect_rollout
 
     cfg, _, _ = compose([
         "algo=grpo", "model=smollm2_135m", "data=jsonl", f"data.path={data}/train.jsonl", "data.num_eval=0",

@@ -30,7 +30,7 @@ def main() -> int:
     from rich.table import Table
 
     from rlft.config import ConfigError, compose
-    from rlft.trainer import build_components, train_step
+    from rlft.training.loop import build_components, train_step
 
     samplers = {"vllm": ["sampler=vllm"], "hf": ["sampler=hf"]}
     if args.adapter:
@@ -77,7 +77,7 @@ def rollout_only(runs: dict, rounds: int, console) -> None:
     from rich.table import Table
 
     from rlft.data.chat import prompt_ids
-    from rlft.rollout import sampling_params
+    from rlft.training.rollout import sampling_params
 
     c, cfg = runs["hf"]["c"], runs["hf"]["cfg"]
     tokenizer = c.policy.tokenizer

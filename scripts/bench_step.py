@@ -34,7 +34,7 @@ def main() -> int:
     from rich.table import Table
 
     from rlft.config import ConfigError, compose
-    from rlft.trainer import build_components, train_step
+    from rlft.training.loop import build_components, train_step
 
     try:
         cfg, _, _ = compose(args.overrides + [f"trainer.steps={args.steps + args.warmup}"])

@@ -1,4 +1,4 @@
-"""What the sync check (rlft/sync_check.py) costs next to a training step, and the honest mismatches it sees.
+"""What the sync check (rlft/sync/verify.py) costs next to a training step, and the honest mismatches it sees.
 
     python scripts/bench_sync_check.py [--steps N] [--checks K] [--cases a,b,...] [KEY=VALUE ...]
 
@@ -59,10 +59,10 @@ def one_case(overrides: list[str], steps: int, checks: int) -> dict:
     (probe + (N - 1) x read-back) / N, N = sampler.sync_probe_every where the read-back covers training."""
     import dataclasses
 
-    from rlft.components import build_components
     from rlft.config import compose
-    from rlft.sync_check import measure
-    from rlft.trainer import train_step
+    from rlft.sync.verify import measure
+    from rlft.training.components import build_components
+    from rlft.training.loop import train_step
 
     cfg, _, _ = compose(overrides)
     c = build_components(cfg)

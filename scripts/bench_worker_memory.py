@@ -1,7 +1,7 @@
 """Worker processes and the trainer's memory: ``rlft train`` on docs/results.md's tool task (SmolLM2-135M-Instruct,
 LoRA, GRPO, vLLM, 4 prompts x 8 episodes, at most 3 turns of 40 tokens, the user tool that sleeps 0.5 s, so every
 waiting episode's call needs a worker of its own) at the default ``trainer.micro_batch_size=16``, before (tool
-workers forked from the trainer) against now (forked from the worker server, rlft/worker_server.py), and now with
+workers forked from the trainer) against now (forked from the worker server, rlft/workers/server.py), and now with
 ``episode.worker_start=fork`` (forked from the trainer again, by choice).
 
     python scripts/bench_worker_memory.py [--before REV] [--out DIR] [--steps 4] [--only before|now|fork]

@@ -3,6 +3,7 @@ checked out with `git worktree add` or unpacked with `git archive`, can be measu
 
     python scripts/code_stats.py [ROOT]                   every figure
     python scripts/code_stats.py yaml-defaults [ROOT]     YAML keys in conf/ that repeat a schema default
+    python scripts/code_stats.py layout [ROOT] [-v]       modules at the root, the largest modules, README and docs sizes
 """
 
 from __future__ import annotations
@@ -90,8 +91,27 @@ def _print_yaml_defaults(root: Path, verbose: bool) -> None:
         print(f"  {r}")
 
 
+def _print_layout(root: Path, verbose: bool) -> None:
+    """The package's shape (modules at the root, folders, the largest modules) and the size of what users read."""
+    pkg = root / "rlft"
+    modules = {p: len(p.read_text().splitlines()) for p in sorted(pkg.rglob("*.py"))}
+    at_root = sorted(p.stem for p in pkg.glob("*.py"))
+    folders = sorted(d.name for d in pkg.iterdir() if (d / "__init__.py").is_file())
+    largest = sorted(modules.items(), key=lambda kv: -kv[1])
+    docs = {p: p.stat().st_size for p in sorted((root / "docs").rglob("*.md"))}
+    big_doc = max(docs.items(), key=lambda kv: kv[1])
+    print(f"modules at the root: {len(at_root)} ({', '.join(at_root) if verbose else 'list with -v'}); "
+          f"folders: {len(folders)}; modules in all: {len(modules)}, {sum(modules.values())} lines")
+    print(f"largest module: {largest[0][0].relative_to(root)} ({largest[0][1]} lines); "
+          f"modules over 300 lines: {sum(n > 300 for n in modules.values())}")
+    for path, n in largest[:10] if verbose else []:
+        print(f"  {n:5d}  {path.relative_to(root)}")
+    print(f"README.md: {(root / 'README.md').stat().st_size / 1000:.1f} KB; docs: {len(docs)} pages, "
+          f"{sum(docs.values()) / 1000:.0f} KB, the largest {big_doc[0].relative_to(root)} ({big_doc[1] / 1000:.0f} KB)")
+
+
 # Each figure: a name for the command line and a function printing it for a checkout.
-FIGURES = {"yaml-defaults": _print_yaml_defaults}
+FIGURES = {"yaml-defaults": _print_yaml_defaults, "layout": _print_layout}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,7 +117,7 @@ def _trl_trainer(steps: int, out_dir: Path, budget_s: float | None, step_times: 
 
 def _rlft_steps(steps: int, extra: list[str], budget_s: float | None = None):
     """Runs rlft's real training step ``steps`` times (or until the budget); returns components and metrics."""
-    from rlft.trainer import build_components, train_step
+    from rlft.training.loop import build_components, train_step
 
     cfg, _ = _rlft_cfg(extra)
     c = build_components(cfg)
@@ -314,7 +314,7 @@ def _peak_rss_gb() -> float:
 
 def _held_out(model_dir: str | None, checkpoint_policy, samples: int) -> dict:
     from rlft.config import compose
-    from rlft.evaluation import run_eval
+    from rlft.training.evaluation import run_eval
 
     over = ["data.num_eval=200", "sampler.max_new_tokens=64", "sampler.temperature=1.0"]
     if model_dir is not None:
@@ -333,8 +333,8 @@ def learn(args: argparse.Namespace) -> None:
         run = Path(d) / "rlft"
         t0 = time.perf_counter()
         from rlft.config import compose
-        from rlft.tracking import read_metrics
-        from rlft.trainer import train
+        from rlft.output.tracking import read_metrics
+        from rlft.training.loop import train
 
         cfg, raw, _ = compose(JOB + args.rlft + ["trainer.steps=1000", "trainer.eval_every=0",
                                                  "trainer.eval_at_start=false", f"trainer.max_minutes={args.minutes}"])
@@ -364,7 +364,7 @@ def learn(args: argparse.Namespace) -> None:
 
 
 def _last(run: Path) -> str:
-    from rlft.checkpoint import latest_checkpoint
+    from rlft.state.checkpoint import latest_checkpoint
 
     return latest_checkpoint(run).name
 

@@ -76,7 +76,7 @@ def overrides(a: argparse.Namespace) -> list[str]:
 
 def run_rlft(a: argparse.Namespace) -> dict:
     """``rlft rm`` in a fresh process; its figures from the run directory's metrics.jsonl."""
-    from rlft.tracking import read_metrics
+    from rlft.output.tracking import read_metrics
 
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "rlft", "rm", *overrides(a), f"hydra.run.dir={d}/run"]

@@ -4,8 +4,10 @@ Usage: python scripts/import_stats.py [ROOT]   (ROOT: the repository, default: t
 
 Prints (a) the import circles among rlft modules counting module-level imports only (those run
 when a module is imported; ``if TYPE_CHECKING:`` blocks excluded), (b) the circles when imports
-inside functions count too, (c) the number of imports inside functions, per module and in all.
-tests/test_errors.py checks (a) and (b) with these functions.
+inside functions count too, (c) the number of imports inside functions, per module and in all,
+(d) the circles when the type-only imports (``if TYPE_CHECKING:``) count too: two modules that name
+each other's types are one job split in two, or one of them holds a type that belongs lower.
+tests/test_errors.py checks (a), (b) and (d) with these functions.
 """
 
 from __future__ import annotations
@@ -36,18 +38,23 @@ def _targets(node: ast.Import | ast.ImportFrom, modules: set[str]) -> set[str]:
     return {n for n in names if n in modules}
 
 
-def imports(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, int]]:
-    """``(top, inner, counts)``: per rlft module, the rlft modules it imports at module level, those it
-    imports inside functions, and how many import statements sit inside functions (of any module)."""
+def imports(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, int], dict[str, set[str]]]:
+    """``(top, inner, counts, typed)``: per rlft module, the rlft modules it imports at module level, those it
+    imports inside functions, how many import statements sit inside functions (of any module), and the rlft
+    modules it imports under ``if TYPE_CHECKING:``."""
     files = {module_name(p, root): p for p in sorted((root / "rlft").rglob("*.py"))}
     modules = set(files)
     top: dict[str, set[str]] = {m: set() for m in modules}
     inner: dict[str, set[str]] = {m: set() for m in modules}
     counts: dict[str, int] = {m: 0 for m in modules}
+    typed: dict[str, set[str]] = {m: set() for m in modules}
 
     def visit(node: ast.AST, mod: str, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
+                for n in ast.walk(child):
+                    if isinstance(n, (ast.Import, ast.ImportFrom)):
+                        typed[mod] |= _targets(n, modules)
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 (inner if in_function else top)[mod] |= _targets(child, modules)
@@ -63,7 +70,7 @@ def imports(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]], dict[
                 parts = dep.split(".")
                 deps[mod] |= {p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in modules
                               and not (mod == p or mod.startswith(p + "."))}
-    return top, inner, counts
+    return top, inner, counts, typed
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -102,15 +109,16 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def report(root: Path) -> tuple[list[list[str]], list[list[str]], dict[str, int]]:
-    top, inner, counts = imports(root)
+def report(root: Path) -> tuple[list[list[str]], list[list[str]], dict[str, int], list[list[str]]]:
+    """``(a, b, c, d)`` of the module docstring."""
+    top, inner, counts, typed = imports(root)
     both = {m: top[m] | inner[m] for m in top}
-    return circles(top), circles(both), counts
+    return circles(top), circles(both), counts, circles({m: both[m] | typed[m] for m in top})
 
 
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
-    module_level, with_inner, counts = report(root)
+    module_level, with_inner, counts, with_types = report(root)
     print(f"(a) import circles, module-level imports: {len(module_level)}")
     for c in module_level:
         print("    " + " <-> ".join(c))
@@ -121,6 +129,9 @@ def main(argv: list[str]) -> int:
     for mod, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         if n:
             print(f"    {n:4d}  {mod}")
+    print(f"(d) import circles, type-only imports counted too: {len(with_types)}")
+    for c in with_types:
+        print("    " + " <-> ".join(c))
     return 0
 
 

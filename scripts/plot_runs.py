@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlft.plots import plot_sweep, wall_minutes
-from rlft.tracking import read_metrics
+from rlft.output.plots import plot_sweep, wall_minutes
+from rlft.output.tracking import read_metrics
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlft.config.schemas import DataConfig
+from rlft.config.schemas.data import DataConfig
 from rlft.data import Problem, build_task
 from rlft.models.loading import smollm2_dir
 from rlft.rewards.builtins import math_correct

@@ -207,7 +207,7 @@ def cuts_its_reply(prompt: str, completion: str, answer: str, **info) -> float:
     import struct
     import sys
 
-    conn = sys._getframe(1).f_locals["conn"]  # the worker loop's end of the pipe (rlft.rewards.calls._serve)
+    conn = sys._getframe(1).f_locals["conn"]  # the worker loop's end of the pipe (rlft.workers.in_worker)
     conn._send(struct.pack("!i", 1 << 20) + b"x" * 100)
     os._exit(5)
 

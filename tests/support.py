@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from rlft import checkpoint as ckpt
-from rlft.tracking import read_metrics
+from rlft.output.tracking import read_metrics
+from rlft.state import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
+from rlft.output.tracking import read_metrics
 from rlft.rewards import RewardError, score_samples
-from rlft.rewards.registry import Sample, is_batched
-from rlft.tracking import read_metrics
+from rlft.rewards.functions import Sample, is_batched
 from tests import helpers
 from tests.support import ROOT, TINY, run_cli
 
@@ -65,7 +65,7 @@ def _hang_samples():
 def test_a_hanging_reward_is_one_error_within_twice_the_timeout(workers):
     import time
 
-    from rlft.rewards.calls import CallPolicy
+    from rlft.workers.user_calls import CallPolicy
 
     t0 = time.perf_counter()
     with pytest.raises(RewardError, match=r"did not return within reward.timeout_s=1 s on sample 0 \(prompt='p0'"):
@@ -76,7 +76,7 @@ def test_a_hanging_reward_is_one_error_within_twice_the_timeout(workers):
 def test_a_hanging_reward_scores_on_timeout_and_the_rest_are_scored():
     import time
 
-    from rlft.rewards.calls import CallPolicy
+    from rlft.workers.user_calls import CallPolicy
 
     t0 = time.perf_counter()
     counted: Counter[str] = Counter()
@@ -89,8 +89,8 @@ def test_a_hanging_reward_scores_on_timeout_and_the_rest_are_scored():
 def test_a_function_scorer_counts_its_timed_out_samples_once():
     """reward/<name>/timed_out_frac's count: the samples scored on_timeout, taken once; none logged without
     on_timeout (a timeout then ends the run)."""
-    from rlft.rewards.calls import CallPolicy
     from rlft.rewards.scorer import FunctionScorer
+    from rlft.workers.user_calls import CallPolicy
 
     scorer = FunctionScorer("tests.helpers:sleeps_on_first", 1.0, 8, CallPolicy(2, 1.0, 0.0))
     assert scorer.take_counts() == {"timed_out": 0}
@@ -100,7 +100,7 @@ def test_a_function_scorer_counts_its_timed_out_samples_once():
 
 
 def test_pool_gives_the_same_scores_and_errors_as_in_process():
-    from rlft.rewards.calls import CallPolicy
+    from rlft.workers.user_calls import CallPolicy
 
     pooled, _ = score_samples(["tests.helpers:char_count", "tests.helpers:char_count_batched"], [1.0, 1.0], SAMPLES,
                               32, CallPolicy(num_workers=2))
@@ -126,7 +126,7 @@ def test_cli_hanging_reward_ends_the_run_in_one_line(tmp_path):
 
 
 def test_a_hanging_batched_reward_scores_on_timeout_for_every_completion():
-    from rlft.rewards.calls import CallPolicy
+    from rlft.workers.user_calls import CallPolicy
 
     counted: Counter[str] = Counter()
     totals, _ = score_samples(["tests.helpers:hangs_batched"], [1.0], SAMPLES, 32, CallPolicy(0, 1.0, -0.5), counted)

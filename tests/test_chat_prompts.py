@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlft.config import ConfigError, compose
-from rlft.config.schemas import DataConfig
+from rlft.config.schemas.data import DataConfig
 from rlft.data import DataError, build_task
 from rlft.data.chat import drop_long_prompts, problem_ids, prompt_ids
 
@@ -117,7 +117,7 @@ def test_max_prompt_tokens_config_checks():
 
 
 def _vllm_sampler(max_model_len: int, max_new_tokens: int):
-    from rlft.config.schemas import SamplerConfig, VLLMConfig
+    from rlft.config.schemas.sampler import SamplerConfig, VLLMConfig
 
     return SamplerConfig(name="vllm", max_new_tokens=max_new_tokens, vllm=VLLMConfig(max_model_len=max_model_len))
 
@@ -125,7 +125,7 @@ def _vllm_sampler(max_model_len: int, max_new_tokens: int):
 def test_prompts_that_leave_no_room_for_the_completion_under_vllm_are_dropped(tmp_path, tok):
     """vLLM refuses a prompt of max_model_len tokens (a traceback at the step that draws it) and cuts a completion
     at max_model_len in all: prompts longer than max_model_len - max_new_tokens are dropped at start-up."""
-    from rlft.config.schemas import SamplerConfig
+    from rlft.config.schemas.sampler import SamplerConfig
     from rlft.data.chat import prompt_room
 
     rows = [{"prompt": "word " * n, "answer": n} for n in (1, 50, 2, 60, 3, 4, 70, 5)]
@@ -172,9 +172,9 @@ def test_max_model_len_must_leave_room_for_a_prompt():
 
 
 def test_a_resume_that_would_drop_other_prompts_is_refused(tmp_path, tok):
-    from rlft.checkpoint import CheckpointError
     from rlft.data.chat import prompt_room
-    from rlft.run_state import _check_same_problems
+    from rlft.state.checkpoint import CheckpointError
+    from rlft.state.run_state import _check_same_problems
 
     rows = [{"prompt": "word " * n, "answer": n} for n in (1, 50, 2, 60, 3)]
     cfg = DataConfig(name="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", rows)), template="{prompt}", num_eval=0)

@@ -137,7 +137,7 @@ def test_a_template_without_a_generation_prompt(tmp_path):
 
 def test_the_update_leaves_the_training_state_as_it_found_it():
     """At lr 0.1 a kept update would move every trainable weight; check() puts them back."""
-    from rlft.components import build_components
+    from rlft.training.components import build_components
 
     cfg = compose([*CHECK, "optim.lr=0.1", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]"])[0]
     c = build_components(cfg)
@@ -146,6 +146,29 @@ def test_the_update_leaves_the_training_state_as_it_found_it():
     assert r.signal["update_skipped"] is False and r.signal["groups_with_gradient"] > 0
     after = dict(c.policy.model.named_parameters())
     assert before and all(torch.equal(after[n], p) for n, p in before.items())
+
+
+def test_the_check_learns_with_the_steps_own_code_and_leaves_the_callers_config(monkeypatch):
+    """The update it times is train_step's (rlft.training.loop.learn: a warm-up on one group, then the batch), and a
+    run under trainer.strategy=fsdp2 is checked in one process without the caller's config changing."""
+    import rlft.training.loop as loop
+
+    seen = []
+    real = loop.learn
+
+    def counted(c, batch, cfg):
+        seen.append(batch.input_ids.shape[0])
+        return real(c, batch, cfg)
+
+    monkeypatch.setattr(loop, "learn", counted)
+    import rlft.check.measure as measure
+
+    monkeypatch.setattr(measure, "learn", counted)
+    cfg = compose([*CHECK, "trainer.strategy=fsdp2", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]"])[0]
+    r = check(cfg, 2)
+    assert cfg.trainer.strategy == "fsdp2"
+    n = cfg.sampler.n
+    assert seen == [n, 2 * n] and r.cost["seconds"]["update"] > 0
 
 
 # Pure verdict logic on hand-made reports: thresholds and wording.

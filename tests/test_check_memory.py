@@ -1,4 +1,4 @@
-"""rlft check's GPU memory arithmetic (rlft/check/memory.py) against docs/gpu.md's table, recomputed term by term
+"""rlft check's GPU memory arithmetic (rlft/check/memory.py) against docs/guide/gpu.md#memory-arithmetic-on-one-80-gb-gpu's table, recomputed term by term
 from the page's formulas and Qwen2.5's config.json shapes."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import pytest
 
 from rlft.check.memory import Shapes, gib, learner_parts, lora_params, micro_batch_tokens
 
-QWEN = {  # layers, hidden, intermediate, heads, kv heads, head dim, vocabulary, parameters (docs/gpu.md)
+QWEN = {  # layers, hidden, intermediate, heads, kv heads, head dim, vocabulary, parameters (docs/guide/gpu.md#memory-arithmetic-on-one-80-gb-gpu)
     "0.5B": Shapes(24, 896, 4864, 14, 2, 64, 151936, 494_032_768),
     "1.5B": Shapes(28, 1536, 8960, 12, 2, 128, 151936, 1_543_714_304),
     "7B": Shapes(28, 3584, 18944, 28, 4, 128, 152064, 7_615_616_512),
 }
 N = 8 * 1024
-# docs/gpu.md's table, GiB, one decimal: (learner phase without checkpointing, with checkpointing)
+# docs/guide/gpu.md#memory-arithmetic-on-one-80-gb-gpu's table, GiB, one decimal: (learner phase without checkpointing, with checkpointing)
 TABLE = {("0.5B", "LoRA"): (13.1, 3.5), ("0.5B", "FT"): (24.4, 12.9), ("1.5B", "LoRA"): (27.1, 6.7),
          ("1.5B", "FT"): (58.8, 34.6), ("7B", "LoRA"): (65.6, 21.2), ("7B", "FT"): (205.8, 152.6)}
 

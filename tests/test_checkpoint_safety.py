@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlft import checkpoint as ckpt
-from rlft import run_state
 from rlft.config import Config, ConfigError
+from rlft.state import checkpoint as ckpt
+from rlft.state import resume_rules, run_state
 from tests.support import ROOT, TINY, leaf_keys, run_cli
 
 # ---------------------------------------------------------------------------------------
@@ -23,17 +23,17 @@ from tests.support import ROOT, TINY, leaf_keys, run_cli
 def test_every_config_key_is_classified():
     keys = leaf_keys(Config)
     assert len(keys) > 60 and "sampler.vllm.sync" in keys and "seed" in keys
-    unclassified = [k for k in keys if run_state.rule(k) is None]
-    assert not unclassified, f"add these keys to run_state.KEY_CLASSES: {unclassified}"
+    unclassified = [k for k in keys if resume_rules.rule(k) is None]
+    assert not unclassified, f"add these keys to resume_rules.KEY_CLASSES: {unclassified}"
     for k in keys:
-        kind, why = run_state.rule(k)
-        assert kind in (run_state.HARMLESS, run_state.NUMERICS, run_state.HARMFUL) and why, k
-    stale = [row for row in run_state.KEY_CLASSES if not any(k == row or k.startswith(row) for k in keys)]
-    assert not stale, f"rows of run_state.KEY_CLASSES that match no config key: {stale}"
-    assert set(run_state.CONDITIONS) <= set(keys)
+        kind, why = resume_rules.rule(k)
+        assert kind in (resume_rules.HARMLESS, resume_rules.NUMERICS, resume_rules.HARMFUL) and why, k
+    stale = [row for row in resume_rules.KEY_CLASSES if not any(k == row or k.startswith(row) for k in keys)]
+    assert not stale, f"rows of resume_rules.KEY_CLASSES that match no config key: {stale}"
+    assert set(resume_rules.CONDITIONS) <= set(keys)
     # A key the table does not know is refused, not waved through.
-    assert run_state.rule("trainer.new_knob") is None
-    assert run_state.classify("trainer.new_knob", {}, {})[0] == run_state.HARMFUL
+    assert resume_rules.rule("trainer.new_knob") is None
+    assert resume_rules.classify("trainer.new_knob", {}, {})[0] == resume_rules.HARMFUL
 
 
 def _resolved(*overrides: str) -> str:
@@ -55,22 +55,22 @@ def _checkpoint_with(tmp_path: Path, saved_yaml: str) -> Path:
 
 def _refusal(path: Path, current_yaml: str) -> str:
     with pytest.raises(ConfigError) as e:
-        run_state.check_compatible(path, current_yaml)
+        resume_rules.check_compatible(path, current_yaml)
     message = str(e.value)
     assert message.startswith("cannot resume") and "\n" not in message
     return message
 
 
 @pytest.mark.parametrize("override, kind, words", [
-    ("logger.console=true", run_state.HARMLESS, "logging only"),
-    ("trainer.save_every=5", run_state.HARMLESS, "checkpointing only"),
-    ("trainer.micro_batch_size=2", run_state.NUMERICS, "numerics only: float summation order"),
-    ("trainer.steps=9", run_state.HARMLESS, "optim.schedule=constant"),
+    ("logger.console=true", resume_rules.HARMLESS, "logging only"),
+    ("trainer.save_every=5", resume_rules.HARMLESS, "checkpointing only"),
+    ("trainer.micro_batch_size=2", resume_rules.NUMERICS, "numerics only: float summation order"),
+    ("trainer.steps=9", resume_rules.HARMLESS, "optim.schedule=constant"),
 ])
 def test_allowed_changes_are_reported_with_their_reason(override, kind, words, tmp_path):
     path = _checkpoint_with(tmp_path, _resolved())  # TINY: logger.console=false, optim.schedule=constant
     key = override.split("=")[0]
-    allowed = run_state.check_compatible(path, _resolved(override))
+    allowed = resume_rules.check_compatible(path, _resolved(override))
     assert len(allowed) == 1 and allowed[0].startswith(f"{key}: ") and words in allowed[0]
 
 

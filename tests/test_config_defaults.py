@@ -1,4 +1,4 @@
-"""Defaults in one place: the schema (rlft/config/schemas.py) writes every default; a conf/ preset
+"""Defaults in one place: the schema (rlft/config/schemas/) writes every default; a conf/ preset
 sets only the keys that make it that preset (the algo presets, which document each recipe, may
 also restate defaults), and what conf/ composes to is the schema where no preset speaks."""
 

@@ -14,7 +14,9 @@ import yaml
 
 from rlft.config.loading import TRAIN, conf_dir
 from rlft.config.rm_schema import RMConfig, RMTrainerConfig
-from rlft.config.schemas import Config, LoopConfig, Range, TrainerConfig, field_types, valid_values
+from rlft.config.schemas import Config
+from rlft.config.schemas.fields import Range, field_types, valid_values
+from rlft.config.schemas.trainer import LoopConfig, TrainerConfig
 from rlft.config.validation import check_ranges
 from rlft.errors import ConfigError
 from tests.support import one_error_line, run_cli
@@ -181,7 +183,7 @@ def test_range_notation_and_its_words():
 
 
 def test_help_prints_each_range_and_the_shared_trainer_keys():
-    from rlft.help import section_help
+    from rlft.commands.help import section_help
 
     algo = section_help("algo")
     assert "  algo.gamma = 1.0\n      Discount (GAE, REINFORCE++'s returns-to-go). Valid: in [0, 1].\n" in algo
@@ -193,7 +195,7 @@ def test_help_prints_each_range_and_the_shared_trainer_keys():
 def test_the_trainer_sections_share_one_base():
     """rlft train's and rlft rm's trainer sections derive from LoopConfig; a key both declare themselves differs
     in something (default, docstring), else it belongs in the base."""
-    from rlft.help import field_docs
+    from rlft.commands.help import field_docs
 
     base = {f.name for f in dataclasses.fields(LoopConfig)}
     assert {"save_every", "resume", "stop_grace_s", "dist_timeout_s"} <= base

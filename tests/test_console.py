@@ -95,7 +95,7 @@ def test_a_config_error_of_a_job_on_ranks_is_one_line_before_any_rank_starts(tmp
 
 def test_the_launcher_of_ranks_runs_no_user_code(tmp_path):
     """trainer.nproc's launcher only waits for its ranks: the pre-flight check that imports the user's reward
-    module (and transformers) runs in a child of its own (rlft.preflight), not in the launcher."""
+    module (and transformers) runs in a child of its own (rlft.parallel.preflight), not in the launcher."""
     (tmp_path / "pid_reward.py").write_text(
         "import os\nopen(os.path.join(os.path.dirname(__file__), 'importers'), 'a').write(f'{os.getpid()}\\n')\n"
         "def score(completion, answer=None, **kw):\n    return 0.0\n")
@@ -122,7 +122,7 @@ def third_party():
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_run_log_sends_library_output_to_train_log(tmp_path, capfd, third_party, verbose):
-    from rlft.console import quiet, run_log
+    from rlft.output.console import quiet, run_log
 
     third_party.addHandler(logging.StreamHandler(sys.stderr))  # the stream capfd reads
     log = tmp_path / "train.log"
@@ -152,7 +152,7 @@ def test_run_log_sends_library_output_to_train_log(tmp_path, capfd, third_party,
 def test_warnings_of_the_users_reward_module_still_show(tmp_path, capfd, monkeypatch, third_party):
     """A warning the user must act on: one raised or logged by their own reward module shows on the
     console (and in train.log); a library's warning in the same job goes to train.log only."""
-    from rlft.console import run_log
+    from rlft.output.console import run_log
 
     (tmp_path / "my_rewards_mod.py").write_text(
         "import logging, warnings\n"
@@ -180,7 +180,7 @@ def test_warnings_of_the_users_reward_module_still_show(tmp_path, capfd, monkeyp
 def test_a_crash_while_a_library_starts_is_reported_on_the_console(tmp_path):
     """While quiet() sends file descriptors 1 and 2 to train.log, a segfault's report still reaches
     the console's stderr (Python's fault handler), not only train.log."""
-    code = ("import ctypes, pathlib\nfrom rlft.console import run_log, quiet\n"
+    code = ("import ctypes, pathlib\nfrom rlft.output.console import run_log, quiet\n"
             f"with run_log(pathlib.Path({str(tmp_path / 'train.log')!r})):\n"
             "    with quiet('a C++ library'):\n"
             "        ctypes.string_at(0)\n")
@@ -195,8 +195,8 @@ def test_transformers_warnings_reach_train_log_in_a_job(tmp_path, capfd):
     they reached neither train.log nor, with logger.verbose, the console)."""
     import transformers
 
-    from rlft.console import run_log
     from rlft.models.loading import quiet_libraries
+    from rlft.output.console import run_log
 
     log = tmp_path / "train.log"
     try:

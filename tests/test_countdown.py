@@ -14,7 +14,7 @@ from rlft.data import DataError, build_task
 from rlft.data.countdown import generate
 from rlft.rewards import RewardError, resolve_reward, score_samples
 from rlft.rewards.countdown import UnsafeExpression, check, evaluate, extract_expression
-from rlft.rewards.registry import Sample
+from rlft.rewards.functions import Sample
 
 REF = json.dumps({"numbers": [3, 5, 8], "target": 16})  # 8 * (5 - 3) = 16, and 3 + 5 + 8 = 16
 

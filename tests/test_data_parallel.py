@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlft.config import compose
-from rlft.learner import update_policy
-from rlft.prepare import prepare_batch
-from rlft.rollout import collect_rollout
-from rlft.run_state import trainable_tensors
-from rlft.trainer import build_components
+from rlft.state.run_state import trainable_tensors
+from rlft.training.learner import update_policy
+from rlft.training.loop import build_components
+from rlft.training.prepare import prepare_batch
+from rlft.training.rollout import collect_rollout
 from tests.support import ROOT, TINY, write_eos_model
 
 # fp32 so that the only difference between 1 and 2 ranks is the order of float sums.
@@ -82,14 +82,14 @@ def test_two_rank_update_equals_one_rank_update(algo, strategy, tmp_path):
 
 
 def test_fsdp2_clipping_of_sharded_and_plain_gradients_matches_torchs():
-    """The one-process case of rlft.sharding.grad_norm_and_clip (its sum over ranks is checked by the
+    """The one-process case of rlft.parallel.fsdp.grad_norm_and_clip (its sum over ranks is checked by the
     fsdp2 update test's grad_norm): the norm and the clipped gradients equal clip_grad_norm_'s."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from rlft.distributed import DataParallel
-    from rlft.sharding import grad_norm_and_clip
+    from rlft.parallel.distributed import DataParallel
+    from rlft.parallel.fsdp import grad_norm_and_clip
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -16,15 +16,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlft import checkpoint as ckpt
 from rlft.config import compose
 from rlft.data.chat import prompt_ids
-from rlft.learner import update_policy
-from rlft.logprobs import token_logprobs
-from rlft.prepare import adapt_coefficients, prepare_batch
-from rlft.rollout import collect_rollout, sampling_params
-from rlft.run_state import CUDA_RNG, RNG
-from rlft.trainer import build_components
+from rlft.state import checkpoint as ckpt
+from rlft.state.run_state import CUDA_RNG, RNG
+from rlft.training.learner import update_policy
+from rlft.training.logprobs import token_logprobs
+from rlft.training.loop import build_components
+from rlft.training.prepare import adapt_coefficients, prepare_batch
+from rlft.training.rollout import collect_rollout, sampling_params
 from tests.support import ROOT, TINY, run_cli
 
 VARIED = ["reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]", "trainer.device=cpu"]

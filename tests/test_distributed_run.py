@@ -89,7 +89,7 @@ def test_bf16_with_one_row_per_micro_batch_is_world_size_invariant(tmp_path, alg
     """In bf16 the claim holds only where every rank forms the same micro-batches as one process
     (``trainer.micro_batch_size=1``): then each micro-batch's gradient is the same bf16-rounded tensor,
     and its fp32 sum over rows and ranks is exact in any order. (With larger micro-batches the ranks'
-    batch shapes and padding differ, bf16 rounds differently and the runs part: docs/scaling.md.)
+    batch shapes and padding differ, bf16 rounds differently and the runs part: docs/guide/scaling.md#what-is-the-same-on-any-number-of-ranks-and-in-which-dtype.)
     DAPO as in ``runs`` (the cap hit, groups split unevenly); GRPO with a reward that varies in every group."""
     args = [a for a in DIST_ARGS if not a.startswith(("model.dtype", "trainer.steps"))]
     args += ["model.dtype=bf16", "trainer.micro_batch_size=1", "trainer.steps=2", "trainer.save_every=1"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rlft.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, LossNorm, masked_mean
-from rlft.config.schemas import AlgoConfig
-from rlft.learner import _policy_loss
-from rlft.logprobs import _TokenLogProbs, token_logprobs
+from rlft.config.schemas.algo import AlgoConfig
+from rlft.training.learner import _policy_loss
+from rlft.training.logprobs import _TokenLogProbs, token_logprobs
 from tests.test_learner import STATE, _batch, tiny_fp32_policy
 
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from rlft.config.schemas import EpisodeConfig
+from rlft.config.schemas.episode import EpisodeConfig
 from rlft.episodes.tool_env import ToolEnv
-from rlft.tools.run import ToolRunner
+from rlft.tools.dispatch import ToolRunner
 from rlft.tools.spec import load_tools
 
 H = "tests.tool_helpers"
@@ -95,7 +95,7 @@ def test_the_progress_line_shows_the_episodes(tmp_path):
     from rich.console import Console
 
     from rlft.config import compose
-    from rlft.tracking import Tracker
+    from rlft.output.tracking import Tracker
 
     cfg, _, _ = compose(["logger.console=true"])
     tracker = Tracker(tmp_path, cfg, 10, console=False)
@@ -198,8 +198,8 @@ def _collect_and_measure(x: int) -> float:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux's smaps_rollup")
 def test_workers_forked_from_the_trainer_do_not_copy_its_python_heap():
-    """A function that does not pickle (a closure) runs in workers forked from the trainer (rlft.worker_server)."""
-    from rlft.pool import Pool
+    """A function that does not pickle (a closure) runs in workers forked from the trainer (rlft.workers.server)."""
+    from rlft.workers.pool import Pool
 
     heap = [{"k": i, "v": [i]} for i in range(1_000_000)]  # ~130 MiB of Python objects, as a trainer holds
     pool = Pool(lambda x: _collect_and_measure(x), 2, 60.0)
@@ -277,8 +277,8 @@ def test_env_pool_steps_come_back_as_each_finishes_and_a_worker_runs_its_own_in_
 
 
 def test_a_pool_hands_calls_back_by_key_as_they_settle_and_reuses_its_workers():
-    from rlft.calls import CallFailed, CallTimeout
-    from rlft.pool import Pool
+    from rlft.workers.pool import Pool
+    from rlft.workers.user_calls import CallFailed, CallTimeout
     from tests.tool_helpers import naps
 
     def call(kind: str, seconds: float) -> str:
@@ -331,7 +331,7 @@ def test_episode_schedule_auto_is_continuous_under_vllm_only(compose_cfg):
 
 def test_no_tool_worker_is_forked_here_while_a_built_in_call_runs():
     """A fork copies the locks that other threads hold: a user tool whose worker would be forked from this process
-    (a closure: rlft.worker_server) waits for the python tool's program (on a thread) to finish; once forked,
+    (a closure: rlft.workers.server) waits for the python tool's program (on a thread) to finish; once forked,
     workers are reused without waiting. The worker server's workers are forked there, and start at once."""
     import dataclasses
 

@@ -11,16 +11,16 @@ import json
 import pytest
 
 from rlft.config import compose
-from rlft.config.schemas import EpisodeConfig
+from rlft.config.schemas.episode import EpisodeConfig
 from rlft.data import Problem
-from rlft.episodes.run import Limits
+from rlft.episodes.lockstep import Limits
 from rlft.episodes.setup import EpisodeSetup
 from rlft.episodes.tokens import turn_suffix_ids
 from rlft.episodes.tool_env import ToolEnv
 from rlft.errors import ConfigError
-from rlft.tools.check import check_episode
 from rlft.tools.format import system_prompt
 from rlft.tools.spec import load_tools
+from rlft.tools.validate import check_episode
 from tests import envs
 from tests.support import TINY, one_error_line, run_cli, write_eos_model
 
@@ -187,7 +187,7 @@ def test_tool_results_in_a_user_turn_are_what_gemmas_template_writes_after_the_s
 
 
 def test_tool_role_user_brings_a_replys_results_back_in_one_user_message():
-    from rlft.tools.run import ToolRunner
+    from rlft.tools.dispatch import ToolRunner
 
     cfg = EpisodeConfig(tool_timeout_s=5.0, max_tool_calls=3, tool_role="user")
     env = ToolEnv(ToolRunner(load_tools(["calculator"], cfg), cfg), "user")

@@ -12,7 +12,7 @@ import torch
 from rlft.config import compose
 from rlft.data import Problem
 from rlft.episodes.env import Step
-from rlft.episodes.run import Limits, run_episodes
+from rlft.episodes.lockstep import Limits, run_episodes
 from rlft.episodes.tokens import turn_suffix_ids
 from rlft.errors import EnvError
 from rlft.models import build_policy
@@ -127,7 +127,7 @@ def test_a_two_turn_episode_masks_the_tool_message_and_sums_step_rewards(tiny):
 
 
 def test_packed_rows_take_the_policy_mask():
-    from rlft.rollout import _KeptRow, _pack_rows
+    from rlft.training.rollout import _KeptRow, _pack_rows
 
     cfg, _, _ = compose(BASE)
     rows = [_KeptRow([1, 2], [5, 6, 7, 8, 9], False, 1.0, 0, None, [1, 1, 0, 0, 1]),
@@ -264,9 +264,9 @@ def test_environment_errors_end_the_run_in_one_line(tmp_path, eos_model):
 
 
 def _tool_env(*names: str, max_tool_calls: int = 3):
-    from rlft.config.schemas import EpisodeConfig
+    from rlft.config.schemas.episode import EpisodeConfig
     from rlft.episodes.tool_env import ToolEnv
-    from rlft.tools.run import ToolRunner
+    from rlft.tools.dispatch import ToolRunner
     from rlft.tools.spec import load_tools
 
     cfg = EpisodeConfig(tool_timeout_s=5.0, max_tool_calls=max_tool_calls)

@@ -14,7 +14,7 @@ from rlft.algorithms import ADV_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, Ad
 from rlft.algorithms.advantages import ppo_token_rewards
 from rlft.algorithms.reinforce import discounted_returns
 from rlft.config import ConfigError, compose
-from rlft.trainer import build_components, train_step
+from rlft.training.loop import build_components, train_step
 from tests.support import TINY
 
 NAN = float("nan")

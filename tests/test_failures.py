@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rlft import checkpoint as ckpt
-from rlft.tracking import read_metrics
+from rlft.output.tracking import read_metrics
+from rlft.state import checkpoint as ckpt
 from tests.support import ROOT, TINY, comparable_metrics, run_cli, saved_weights
 
 # 2 prompts x 4 samples: 8 reward calls per step; evaluation at step 2 scores 8 more.
@@ -92,7 +92,7 @@ def test_first_ctrl_c_finishes_the_step_saves_and_exits_130(tmp_path):
 def test_a_rank_leaving_on_an_error_ignores_the_launchers_sigterm_but_a_clean_exit_restores_it():
     import signal
 
-    from rlft.failure import GracefulStop
+    from rlft.state.failure import GracefulStop
 
     before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
@@ -127,7 +127,7 @@ def test_a_grace_deadline_that_fires_as_the_step_finishes_does_not_abort_the_che
     import signal
     import threading
 
-    from rlft.failure import GracefulStop
+    from rlft.state.failure import GracefulStop
 
     before = signal.getsignal(signal.SIGTERM)
     try:

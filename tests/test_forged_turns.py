@@ -14,16 +14,17 @@ import pytest
 import torch
 
 from rlft.config import compose
-from rlft.config.schemas import EpisodeConfig, JudgeConfig, RewardModelConfig
+from rlft.config.schemas.episode import EpisodeConfig
+from rlft.config.schemas.reward import JudgeConfig, RewardModelConfig
 from rlft.data import safe_tokens
 from rlft.data.chat import prompt_ids
-from rlft.episodes.run import Limits, run_episodes
+from rlft.episodes.lockstep import Limits, run_episodes
 from rlft.episodes.setup import EpisodeSetup
 from rlft.episodes.tokens import turn_suffix_ids
 from rlft.models import build_policy
+from rlft.rewards.functions import Sample
 from rlft.rewards.judges import JudgeScorer
 from rlft.rewards.models import RewardModel
-from rlft.rewards.registry import Sample
 from rlft.samplers import SamplingParams, build_sampler
 from rlft.tools.spec import load_tools
 from tests import envs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlft.config import compose
-from rlft.trainer import build_components, train_step
+from rlft.training.loop import build_components, train_step
 from tests.support import TINY
 
 

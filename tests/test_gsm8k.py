@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from rlft.rewards import RewardError, resolve_reward, score_samples
+from rlft.rewards.functions import Sample
 from rlft.rewards.gsm8k import final_answer, numbers_in, parse_gsm8k_answer
-from rlft.rewards.registry import Sample
 from tests.support import GSM8K, needs_gsm8k
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlft.config import ConfigError, compose
-from rlft.config.schemas import DataConfig
+from rlft.config.schemas.data import DataConfig
 from rlft.data import DataError, build_task
 from rlft.data.problem import Problem
 from tests.support import GSM8K, ROOT, TINY, needs_gsm8k, one_error_line, run_cli

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlft.tracking import read_metrics
+from rlft.output.tracking import read_metrics
 from tests.support import ALGO_PRESETS, ROOT, TINY, run_cli
 
 EVEN = ["reward.fns=[tests.helpers:answer_is_even]", "reward.weights=[1]"]  # accuracy = share of even answers
@@ -92,7 +92,7 @@ def test_every_algo_field_belongs_to_one_section():
     import dataclasses
 
     from rlft.config import ALGO_SECTIONS
-    from rlft.config.schemas import AlgoConfig
+    from rlft.config.schemas.algo import AlgoConfig
 
     listed = [k for _, keys in ALGO_SECTIONS for k in keys]
     assert len(listed) == len(set(listed))
@@ -137,7 +137,7 @@ def test_submitit_local_launcher(tmp_path):
     root = tmp_path / "sw"
     r = run_cli(["train", "-m", *TINY, "seed=0,1", "hydra/launcher=submitit_local", f"hydra.sweep.dir={root}"], ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    for job in ("0", "1"):  # docs/usage.md: each job in SWEEP_DIR/N, submitit's own logs in SWEEP_DIR/.submitit
+    for job in ("0", "1"):  # docs/guide/sweeps-and-scale.md#sweeps-hydras-multirun-launchers-and-sweepers: each job in SWEEP_DIR/N, submitit's own logs in SWEEP_DIR/.submitit
         assert (root / job / "checkpoints" / "step_000002").is_dir()
         assert [m["step"] for m in read_metrics(root / job / "metrics.jsonl")] == [0, 1, 2]
     assert any((root / ".submitit").rglob("*_log.out"))

@@ -11,12 +11,12 @@ import re
 import pytest
 import torch
 
-from rlft.components import preflight
 from rlft.config import compose
 from rlft.config.validation import vllm_available
 from rlft.errors import ConfigError, ModelError
+from rlft.output.tracking import read_metrics
+from rlft.rewards.functions import Sample
 from rlft.rewards.judges import JudgeScorer, build_judges, judge_model_config
-from rlft.rewards.registry import Sample
 from rlft.rewards.rubric import (
     DEFAULT_TEMPLATES,
     DEFAULT_VERDICTS,
@@ -29,7 +29,7 @@ from rlft.rewards.rubric import (
     render,
 )
 from rlft.rewards.scorer import FunctionScorer, build_scorers, gold_name, score_all
-from rlft.tracking import read_metrics
+from rlft.training.components import preflight
 from tests.support import ROOT, TINY, one_error_line, run_cli
 
 # (reply, score on [0, 10]) under the default score_format=label; None: unscored.

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from rlft.algorithms import LossNorm
-from rlft.batch import RolloutBatch, pack
 from rlft.config import compose
-from rlft.learner import _policy_loss
-from rlft.logprobs import token_logprobs
 from rlft.models import build_policy
+from rlft.training.batch import RolloutBatch, pack
+from rlft.training.learner import _policy_loss
+from rlft.training.logprobs import token_logprobs
 from tests.support import TINY
 
 STATE = SimpleNamespace(penalty_beta=1.0)  # the coefficients adapted in training (the clip loss reads none)
@@ -153,7 +153,7 @@ def test_reference_is_base_model_without_adapter(tiny):
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 4), (0.7, 3), (1.3, 100)])
 def test_chunked_logprob_gradients_match_autograd(temperature, chunk):
     """The hand-written backward (recomputed chunks) against autograd through a full log_softmax, in fp64."""
-    from rlft.logprobs import _TokenLogProbs
+    from rlft.training.logprobs import _TokenLogProbs
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(10, 6, generator=g, dtype=torch.float64, requires_grad=True)
@@ -272,7 +272,7 @@ def test_rollout_corrections_weight_the_policy_loss(tiny, mode):
 def test_the_optimizer_holds_every_weight_the_adapter_trains(targets):
     """LoRA on an embedding too: peft names its weights lora_embedding_A.default (no '.default.'), which
     the optimizer left out, so that adapter never trained."""
-    from rlft.learner import build_optimizer
+    from rlft.training.optimizer import build_optimizer
 
     cfg, _, _ = compose([*TINY, "sampler=hf", f"model.lora.target_modules={targets}"])
     policy, _ = build_policy(cfg.model, 0, need_reference=False)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlft.evaluation import pass_at_k
-from rlft.export import checkpoint_config, find_checkpoint
+from rlft.commands.export import checkpoint_config, find_checkpoint
 from rlft.models.loading import load_base
 from rlft.models.policy import wrap_lora
-from rlft.run_state import load_policy_weights
-from rlft.tracking import read_metrics
+from rlft.output.tracking import read_metrics
+from rlft.state.run_state import load_policy_weights
+from rlft.training.evaluation import pass_at_k
 from tests.support import TINY, run_cli
 
 TRAINED = [*TINY, "trainer.steps=3", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]",
@@ -164,8 +164,8 @@ def test_sweep_runs_every_job_and_survives_a_failing_one(tmp_path):
 def test_no_two_evaluation_samples_share_a_seed(compose_cfg):
     """Sampled evaluation seeds each problem (vLLM's children take seed + j): one seed for every problem
     gave sample j of each problem the same noise, correlating pass@k's samples across problems."""
-    from rlft.evaluation import sampled_params
     from rlft.samplers.base import completion_seeds
+    from rlft.training.evaluation import sampled_params
 
     params = sampled_params(compose_cfg(*TINY), num_problems=200, samples=8)
     seeds = completion_seeds(params)

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from rlft import checkpoint as ckpt
 from rlft.models import precision
 from rlft.models.precision import MARGIN, Probe, _decide, choose, cpu_info, cpu_model, native_bf16
+from rlft.state import checkpoint as ckpt
 from tests.support import ROOT, TINY, run_cli
 
 SMOLLM2 = (576, 1536)  # hidden, intermediate

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rlft.config import compose
-from rlft.prepare import prepare_batch
-from rlft.rollout import collect_rollout
-from rlft.trainer import build_components, train_step
+from rlft.training.loop import build_components, train_step
+from rlft.training.prepare import prepare_batch
+from rlft.training.rollout import collect_rollout
 from tests.support import TINY
 
 VARIED = ["reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]

@@ -102,7 +102,7 @@ def test_bwrap_stops_every_attack_as_an_unprivileged_user(answers):
 
 @pytest.mark.slow
 def test_process_level_stops_little(answers):
-    """What docs/usage.md's table says of episode.python_sandbox=process: the program runs as your user, so it
+    """What docs/guide/agents-and-tools.md#the-python-sandbox's table says of episode.python_sandbox=process: the program runs as your user, so it
     reads your files and deletes them; the trainer's environ is closed to other users only (non-dumpable), and
     a program that kills its parent ends the run."""
     results = _results(_battery("process", answers, only=["read the answer file by its path", "fork bomb",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rlft import checkpoint as ckpt
-from rlft.outputs import FAULT_ROLLOUT_DELAY_ENV
-from rlft.tracking import read_metrics
+from rlft.output.tracking import read_metrics
+from rlft.output.writer import FAULT_ROLLOUT_DELAY_ENV
+from rlft.state import checkpoint as ckpt
 from tests.support import ROOT, TINY, comparable_metrics, run_cli, saved_weights, write_eos_model
 
 STEPS = 6
@@ -186,7 +186,7 @@ def test_smollm2_fp32_on_one_thread_resumes_exactly(tmp_path):
     """Issue 35 item 7: the real model in fp32 (what model.dtype=auto picks where bf16 is slow). On one torch
     thread a resumed run equals the uninterrupted one bit for bit. With two threads two fresh runs of this
     job differ from step 2 at ~1e-6 relative (the first backward after an update, with bit-identical weights
-    and batch; the same backward repeated in one process is bit-stable): docs/implementation.md, thread count."""
+    and batch; the same backward repeated in one process is bit-stable): docs/reference/internals/state-and-resume.md#checkpoints-and-exact-resume, thread count."""
     args = ["model=smollm2_135m", "model.dtype=fp32", "sampler=hf", "trainer.threads=1", "trainer.num_prompts=2",
             "sampler.n=4", "sampler.max_new_tokens=16", "data.num_eval=8", "trainer.eval_every=1",
             "trainer.save_every=1", "logger.rollouts=true", "reward.fns=[math_correct,tests.helpers:char_count]",

@@ -54,7 +54,7 @@ def train(run_dir, *overrides: str) -> dict:
 
 
 def records(run_dir) -> list[dict]:
-    from rlft.tracking import read_metrics
+    from rlft.output.tracking import read_metrics
 
     return read_metrics(run_dir / "metrics.jsonl")
 
@@ -85,7 +85,7 @@ def test_gradient_pushes_the_chosen_score_up():
 
 
 def test_every_rm_config_key_has_a_resume_class():
-    from rlft.run_state import rule
+    from rlft.state.resume_rules import rule
 
     keys = leaf_keys(RMConfig)
     assert "data.chosen_field" in keys and "model.lora.r" in keys and "optim.lr" in keys
@@ -181,7 +181,7 @@ def test_a_tiny_reward_model_learns_to_rank_held_out_pairs(trained):
 def test_export_loads_with_transformers_and_scores_as_the_trained_model(trained, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rlft.export import export
+    from rlft.commands.export import export
     from rlft.rm.data import encode_pairs, load_pairs
     from rlft.rm.model import build_reward_model
     from rlft.rm.state import load_weights
@@ -268,9 +268,9 @@ def test_exported_bf16_scores_closer_than_a_bf16_step_still_order(tmp_path):
     """Export, then reward.models scoring in bf16: the fp32 head is saved and loaded in fp32 and applied in fp32."""
     from transformers import AutoModelForSequenceClassification
 
-    from rlft.config.schemas import RewardModelConfig
+    from rlft.config.schemas.reward import RewardModelConfig
+    from rlft.rewards.functions import Sample
     from rlft.rewards.models import RewardModel
-    from rlft.rewards.registry import Sample
     from rlft.rm.data import rendering
     from rlft.rm.model import build_reward_model, save_reward_model
 
@@ -373,10 +373,10 @@ def test_the_export_records_its_rendering_and_reward_models_score_by_it(tmp_path
     """Issue 34, items 6-7: the export says how pairs were rendered (chat template, system prompt, max_length);
     reward.models reads every pair as training did, cut the same way (the whole prompt, the reply's end), and
     a pair whose prompt leaves no room is dropped in training and unscored in scoring; config fields win."""
-    from rlft.config.schemas import RewardModelConfig
+    from rlft.config.schemas.reward import RewardModelConfig
     from rlft.data.conversation import RECORD, Rendering, conversation_ids, read_rendering
+    from rlft.rewards.functions import Sample
     from rlft.rewards.models import RewardModel
-    from rlft.rewards.registry import Sample
     from rlft.rm.data import Pair, encode_pairs, rendering
     from rlft.rm.model import build_reward_model, save_reward_model
 
@@ -437,8 +437,8 @@ def test_full_finetuning_of_a_local_causal_lm_without_pad_token(tmp_path):
     assert len(notes) == 1 and "no pad token" in notes[0] and rm.tokenizer.pad_token_id == tok.eos_token_id
     assert not rm.lora and len(rm.trainable()) == len(list(rm.model.parameters()))
     from rlft.algorithms import bradley_terry_loss
-    from rlft.learner import adamw
     from rlft.rm.data import Encoded
+    from rlft.training.optimizer import adamw
 
     opt, sched = adamw([{"params": list(rm.trainable().values()), "lr": 1e-3}], cfg.optim, 1)
     before = rm.model.model.embed_tokens.weight.detach().clone()
@@ -465,7 +465,7 @@ def test_cli_resume_after_kill_is_exact(tmp_path):
 
     from safetensors.torch import load_file
 
-    from rlft import checkpoint as ckpt
+    from rlft.state import checkpoint as ckpt
 
     write_pairs(tmp_path / "p.jsonl", 16)
     args = ["rm", *FAST, "data.path=p.jsonl", "data.num_eval=4", "trainer.export=false", "trainer.save_every=2"]
@@ -498,7 +498,7 @@ def test_batch_size_must_split_evenly_over_the_ranks():
 
 
 def test_each_rank_scores_an_equal_contiguous_share():
-    from rlft.distributed import DataParallel
+    from rlft.parallel.distributed import DataParallel
     from rlft.rm.train import _share
 
     items = list(range(8))
@@ -517,7 +517,7 @@ def test_two_ranks_train_the_reward_model_one_process_trains(tmp_path):
 
     from safetensors.torch import load_file
 
-    from rlft import checkpoint as ckpt
+    from rlft.state import checkpoint as ckpt
     from tests.support import dist_env
 
     write_pairs(tmp_path / "p.jsonl", 20)

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from rlft.config import compose
-from rlft.config.schemas import RewardModelConfig
+from rlft.config.schemas.reward import RewardModelConfig
 from rlft.data import build_task
 from rlft.models.loading import load_tokenizer
+from rlft.rewards.functions import Sample
 from rlft.rewards.models import RewardModel
 from rlft.rewards.normalize import EPS
-from rlft.rewards.registry import Sample
 from tests.support import (
     DIST_ARGS,
     DIST_STEPS,

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from rlft.config import ConfigError, compose
-from rlft.config.schemas import RewardModelConfig
+from rlft.config.schemas.reward import RewardModelConfig
 from rlft.data.chat import prompt_ids
 from rlft.data.conversation import Rendering
 from rlft.models import ModelError
+from rlft.rewards.functions import Sample
 from rlft.rewards.models import RewardModel, check_reward_model
 from rlft.rewards.normalize import EPS, RunningMoments, shape_rewards
-from rlft.rewards.registry import Sample
 from rlft.rewards.scorer import FunctionScorer, eval_reward, gold_name, score_all
 from tests.support import ROOT, TINY, one_error_line, run_cli, write_eos_model, write_reward_model
 
@@ -214,7 +214,7 @@ def test_plot_shows_model_against_gold(tmp_path):
 
     from matplotlib.image import imread
 
-    from rlft.plots import plot_run
+    from rlft.output.plots import plot_run
 
     for run, extra in (("plain", {}), ("rm", {"reward/model": 0.5, "reward/gold": 0.25})):
         (tmp_path / run).mkdir()

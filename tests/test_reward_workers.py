@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import pytest
 
 from rlft.rewards import RewardError, score_samples
-from rlft.rewards.calls import CallPolicy
-from rlft.rewards.registry import Sample
+from rlft.rewards.functions import Sample
+from rlft.workers.user_calls import CallPolicy
 from tests.support import ROOT, TINY
 
 SAMPLES = [Sample(f"p{i}", "c", str(i), 1, False) for i in range(4)]
@@ -149,7 +149,7 @@ def test_sigterm_to_the_whole_process_group_finishes_the_step_with_the_workers(t
     """torch's agent under trainer.nproc, coreutils timeout and SLURM signal the whole process group: the
     reward workers are not the signal's target, they finish the step's calls and the run stops as
     interrupted (it was "reward function ... ended its worker process (killed by SIGTERM)", exit 1)."""
-    from rlft import checkpoint as ckpt
+    from rlft.state import checkpoint as ckpt
 
     run, pids = tmp_path / "run", tmp_path / "pids"
     pids.mkdir()
@@ -187,7 +187,7 @@ def _alive(pid: int) -> bool:
 def test_workers_end_when_the_trainer_is_killed(tmp_path):
     """kill -9 of the trainer (the OOM killer, the agent's last resort) while rewards run: its workers end
     with it (they were orphaned forever, holding the trainer's memory and sockets)."""
-    script = ("from rlft.rewards.calls import CallPolicy, run_calls\nfrom tests.helpers import records_pid_then_sleeps"
+    script = ("from rlft.workers.user_calls import CallPolicy, run_calls\nfrom tests.helpers import records_pid_then_sleeps"
               "\nrun_calls(records_pid_then_sleeps, [(('p', 'c', str(i)), {}) for i in range(4)], CallPolicy(2))\n")
     trainer = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=dict(os.environ, RLFT_TEST_PIDS=str(tmp_path)))
     try:

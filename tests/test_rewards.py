@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from rlft.rewards import RewardError, resolve_reward, score_samples
-from rlft.rewards.registry import Sample
+from rlft.rewards.functions import Sample
 
 
 def s(completion, answer="42", n=3, truncated=False):

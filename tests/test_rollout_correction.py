@@ -9,7 +9,7 @@ import torch
 
 from rlft.algorithms import ROLLOUT_CORRECTIONS
 from rlft.config import compose
-from rlft.config.schemas import AlgoConfig
+from rlft.config.schemas.algo import AlgoConfig
 from rlft.errors import ConfigError
 
 # Two rows: row 0 has three tokens with log-ratios old - sampler = 0.5, -0.3, 1.2; row 1 two tokens
@@ -230,8 +230,8 @@ def test_a_dropped_sequence_stays_in_the_loss_denominator():
     weights the per-token loss (test_learner checks that _policy_loss multiplies by the weight). verl's
     rejection would divide by the kept tokens (token-mean) or the kept sequences instead."""
     from rlft.algorithms import LOSS_AGGREGATIONS, LossNorm
-    from rlft.batch import RolloutBatch, pack
-    from rlft.learner import _RowFacts
+    from rlft.training.batch import RolloutBatch, pack
+    from rlft.training.learner import _RowFacts
 
     ids, start, length, mask = pack([[7, 8], [9], [10, 11], [12]], [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]], pad_id=0)
     batch = RolloutBatch(ids, start, length, mask, torch.tensor([0, 0, 1, 1]), torch.zeros(4), torch.zeros(4).bool())

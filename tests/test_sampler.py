@@ -86,9 +86,9 @@ def test_the_run_seed_changes_the_hf_samplers_draws():
     """Prompt seeds carry the run seed in their high 32 bits, which torch's CPU generator drops: the
     hf sampler folds them in, so seeds 1, 2 and 12345 draw other noise for the same step and prompt,
     and a run's completions keep distinct generator seeds."""
-    from rlft.rollout import prompt_seeds
     from rlft.samplers.base import completion_seeds
     from rlft.samplers.hf import generator_seed
+    from rlft.training.rollout import prompt_seeds
 
     def draws(run_seed: int) -> torch.Tensor:
         params = SamplingParams(n=4, max_new_tokens=8, prompt_seeds=prompt_seeds(run_seed, 3, range(2), 2, 4))

@@ -1,4 +1,4 @@
-"""The sync check (rlft/sync_check.py): after each weight sync the sampler scores a probe as the learner does,
+"""The sync check (rlft/sync/verify.py): after each weight sync the sampler scores a probe as the learner does,
 and a sync broken on purpose (tests/sync_break.py) stops the run in one line, warns, or is not looked at."""
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ import json
 import pytest
 import torch
 
-import rlft.components as components_mod
+import rlft.training.components as components_mod
 from rlft.config import compose
 from rlft.config.validation import vllm_available
 from rlft.data import build_task
 from rlft.data.chat import problem_ids
-from rlft.distributed import DataParallel
 from rlft.errors import ConfigError, SyncError
 from rlft.models import build_policy
 from rlft.models.policy import Policy
+from rlft.parallel.distributed import DataParallel
 from rlft.samplers import build_sampler, check_mergeable, sync_sampler
 from rlft.samplers.readback import columns
-from rlft.served_weights import Merged, differing
-from rlft.sync_check import (
+from rlft.sync.served_weights import Merged, differing
+from rlft.sync.verify import (
     PROMPT_TAIL,
     TOL_FP32,
     TOL_LOW_PRECISION,
@@ -32,7 +32,7 @@ from rlft.sync_check import (
     tolerance,
     verify,
 )
-from rlft.trainer import train
+from rlft.training.loop import train
 from tests import sync_break
 from tests.support import TINY, one_error_line, run_cli
 
@@ -117,7 +117,7 @@ def test_the_sides_run_side_by_side_and_either_ones_failure_reaches_the_caller(f
     either side is raised by measure (no thread left behind) and the thread count comes back."""
     import threading
 
-    import rlft.sync_check as sync_check_mod
+    import rlft.sync.verify as sync_check_mod
 
     _, policy, sampler, check = fp32_hf
     threads, where = torch.get_num_threads(), {}

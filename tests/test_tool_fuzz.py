@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from rlft.config.schemas import EpisodeConfig
+from rlft.config.schemas.episode import EpisodeConfig
 from rlft.episodes.tool_env import ToolEnv
+from rlft.tools.dispatch import ToolRunner
 from rlft.tools.format import CLOSE, MAX_DEPTH, MAX_INT_DIGITS, OPEN, ToolCall, _too_deep, parse_tool_calls
-from rlft.tools.run import ERRORS, ToolResult, ToolRunner
+from rlft.tools.outcomes import ERRORS, ToolResult
 from rlft.tools.spec import load_tools
 
 

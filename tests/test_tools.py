@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from rlft.config.schemas import EpisodeConfig
+from rlft.config.schemas.episode import EpisodeConfig
 from rlft.config.validation import check_ranges
 from rlft.errors import ConfigError
 from rlft.tools.builtin import calculator
-from rlft.tools.check import check_episode, check_tools
+from rlft.tools.dispatch import ToolRunner
 from rlft.tools.format import ToolCall, parse_tool_calls, system_prompt, template_takes_tools
-from rlft.tools.run import ERRORS, ToolResult, ToolRunner, count_errors
+from rlft.tools.outcomes import ERRORS, ToolResult, count_errors
 from rlft.tools.spec import load_tools
+from rlft.tools.validate import check_episode, check_tools
 from tests.sandbox_attacks import running_named
 
 H = "tests.tool_helpers"

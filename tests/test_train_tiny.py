@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlft.config import compose
-from rlft.trainer import train
+from rlft.training.loop import train
 from tests.support import ROOT, TINY, run_cli
 
 
@@ -21,7 +21,7 @@ def test_grpo_steps_change_lora_and_log_metrics(tmp_path, monkeypatch):
     cfg, raw, _ = compose(
         TINY + ["trainer.steps=3", "trainer.eval_every=2", "optim.lr=1e-2", "reward.fns=[math_correct,tests.helpers:char_count]", "reward.weights=[1,1]"]
     )
-    import rlft.components as components_mod
+    import rlft.training.components as components_mod
 
     captured = {}
     real_build = components_mod.build_policy

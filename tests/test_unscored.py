@@ -13,7 +13,7 @@ from rlft.algorithms import ADV_ESTIMATORS, AdvantageInputs
 from rlft.algorithms.advantages import group_normalized_scores, informative_groups
 from rlft.config import compose
 from rlft.rewards import score_samples
-from rlft.rewards.registry import Sample
+from rlft.rewards.functions import Sample
 from tests.support import ROOT, TINY, run_cli
 
 NAN = float("nan")

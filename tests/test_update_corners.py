@@ -7,11 +7,11 @@ import torch
 
 from rlft.algorithms.losses import kl_penalty_surrogate
 from rlft.config import compose
-from rlft.learner import update_policy
 from rlft.models import build_policy
-from rlft.prepare import prepare_batch
-from rlft.rollout import collect_rollout
-from rlft.trainer import build_components, train_step
+from rlft.training.learner import update_policy
+from rlft.training.loop import build_components, train_step
+from rlft.training.prepare import prepare_batch
+from rlft.training.rollout import collect_rollout
 from tests.support import ROOT, TINY, run_cli
 
 VARIED = ["reward.fns=[tests.helpers:char_count]", "reward.weights=[1]"]

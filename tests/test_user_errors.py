@@ -11,7 +11,7 @@ import torch
 
 from rlft.models import ModelError, load_base
 from rlft.rewards import RewardError, resolve_reward
-from rlft.rewards.registry import RewardNameError
+from rlft.rewards.functions import RewardNameError
 from tests.support import TINY, one_error_line, run_cli
 
 NOT_TINY = [a for a in TINY if a != "model=tiny"]
@@ -126,7 +126,7 @@ def test_home_paths_expand_and_export_refuses_a_file(tiny_dir, tmp_path, monkeyp
 
 
 def test_run_and_sweep_dirs_expand_home(tmp_path, monkeypatch):
-    from rlft.app import _expand_home
+    from rlft.commands.train import _expand_home
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert _expand_home("hydra.sweep.dir=~/s") == f"hydra.sweep.dir='{tmp_path / 's'}'"
@@ -150,8 +150,8 @@ def test_fsdp2_on_a_decoder_without_layers_names_the_model():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rlft.config import ConfigError
-    from rlft.distributed import DataParallel
-    from rlft.sharding import shard_decoder
+    from rlft.parallel.distributed import DataParallel
+    from rlft.parallel.fsdp import shard_decoder
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10, n_positions=8))
     with pytest.raises(ConfigError, match="GPT2Model has none"):

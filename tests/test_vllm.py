@@ -36,8 +36,8 @@ def engine(request):
 
 
 def _learner_logprobs(cfg, policy, prompts, gens):
-    from rlft.batch import RolloutBatch, pack
-    from rlft.logprobs import token_logprobs
+    from rlft.training.batch import RolloutBatch, pack
+    from rlft.training.logprobs import token_logprobs
 
     ids, start, length, mask = pack([prompts[i] for i in gens.prompt_index], gens.completion_ids, 2)
     n = len(gens.completion_ids)
@@ -213,7 +213,7 @@ def _resume_matches(tmp_path, args: list[str], steps: int, cut: int) -> list[dic
     """``steps`` straight vs ``cut`` + resume: identical metrics and final weights. Returns the per-step metrics."""
     from safetensors.torch import load_file
 
-    from rlft.tracking import read_metrics
+    from rlft.output.tracking import read_metrics
 
     def metrics(run):
         return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))}
@@ -250,7 +250,7 @@ def test_vllm_resume_is_exact_on_cpu_with_varying_sampling_rounds(tmp_path):
 @pytest.mark.slow
 def test_vllm_resume_is_exact_on_smollm2(tmp_path):
     """One torch thread: with two, some kernel's reduction order depends on timing, and two fresh runs
-    of this job already differ from the 6th significant digit of the loss (docs/implementation.md)."""
+    of this job already differ from the 6th significant digit of the loss (docs/reference/internals/state-and-resume.md#checkpoints-and-exact-resume)."""
     args = ["model=smollm2_135m", "model.dtype=fp32", "sampler=vllm", "trainer.threads=1", "trainer.num_prompts=2",
             "sampler.n=4",
             "sampler.max_new_tokens=16", "data.num_eval=8", "trainer.eval_at_start=false", "trainer.eval_every=2",
@@ -266,8 +266,8 @@ def _vllm_child_seeds(cfg, cursor: int, indices: range) -> list[int]:
 
     from vllm.v1.engine.parallel_sampling import ParentRequest
 
-    from rlft.rollout import sampling_params
     from rlft.samplers.vllm import request_params
+    from rlft.training.rollout import sampling_params
 
     seeds = []
     for k, sp in enumerate(request_params(sampling_params(cfg, cursor, indices), len(indices), [], seeded=True)):
@@ -282,8 +282,8 @@ def test_no_two_completions_of_a_run_share_a_vllm_seed(num_prompts, n):
     8 samples drew from 23 distinct seeds. Over two steps of three sampling rounds (DAPO: a data
     position each), split over 1 to 8 data-parallel ranks (each sampling its own prompt indices)."""
     from rlft.config import compose
-    from rlft.rollout import sampling_params
     from rlft.samplers.base import completion_seeds
+    from rlft.training.rollout import sampling_params
 
     cfg, _, _ = compose([*VLLM_TINY, f"trainer.num_prompts={num_prompts}", f"sampler.n={n}"])
     by_world = {}

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason=
 PROBE = """
 import json, sys
 from rlft.episodes.env_pool import EnvPool
-from rlft.episodes.run import Limits, run_episodes
+from rlft.episodes.lockstep import Limits, run_episodes
 from rlft.samplers import SamplingParams
 from tests import envs
 
@@ -83,7 +83,7 @@ def test_continuous_episodes_equal_lockstep_token_for_token(eos_model):
 def test_continuous_runs_equal_lockstep_on_one_and_two_ranks_and_resume_exactly(tmp_path, eos_model):
     """Whole training runs (tiny model, fp32, one torch thread, vLLM merged sync): the schedules give the same
     rollouts and metrics on one rank and on two; a continuous run cut after step 2 and resumed equals it."""
-    from rlft.tracking import read_metrics
+    from rlft.output.tracking import read_metrics
 
     args = _tiny_vllm(eos_model) + [
         "episode.env=tests.envs:VaryingEnv", "episode.max_turns=3", "reward.fns=[tests.helpers:char_count]",
@@ -123,8 +123,8 @@ def test_smollm2_tool_episodes_equal_lockstep_with_real_tool_calls(tmp_path):
     code = """
 import dataclasses, json, sys
 from rlft.config import compose
-from rlft.rollout import collect_rollout
-from rlft.trainer import build_components
+from rlft.training.rollout import collect_rollout
+from rlft.training.loop import build_components
 
 cfg, _, _ = compose(json.loads(sys.argv[1]))
 c = build_components(cfg)

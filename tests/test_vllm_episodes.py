@@ -21,9 +21,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not vllm_available(), reason=
 PROBE = """
 import json, sys
 import torch
-from rlft.episodes.run import Limits, run_episodes
-from rlft.logprobs import token_logprobs
-from rlft.rollout import _KeptRow, _pack_rows
+from rlft.episodes.lockstep import Limits, run_episodes
+from rlft.training.logprobs import token_logprobs
+from rlft.training.rollout import _KeptRow, _pack_rows
 from rlft.samplers import SamplingParams
 from tests import envs
 

@@ -1,5 +1,5 @@
 """Workers kept for the run (tool calls, episode.env environments) come from the worker server, not the trainer
-(rlft.worker_server): they do not hold the trainer's memory, they outlive a stop signal sent to the trainer's
+(rlft.workers.server): they do not hold the trainer's memory, they outlive a stop signal sent to the trainer's
 whole process group, they end when the trainer is killed, and they do not run the trainer's script again.
 Real processes throughout."""
 
@@ -29,7 +29,7 @@ def _settle(pool, n: int) -> dict:
 
 @linux
 def test_kept_workers_do_not_share_the_trainers_memory():
-    from rlft.pool import Pool
+    from rlft.workers.pool import Pool
     from tests.tool_helpers import own_memory
 
     held = bytearray(400 * 2**20)  # the trainer's weights, activations, the data's answers
@@ -52,7 +52,7 @@ def test_kept_workers_do_not_share_the_trainers_memory():
 # another pool); "SIGTERM" is printed by its handler, which lets the step finish, as rlft's does.
 TRAINER = """
 import os, signal, sys, time
-from rlft.pool import Pool
+from rlft.workers.pool import Pool
 from tests.tool_helpers import naps
 print("started", os.getpid(), flush=True)
 signal.signal(signal.SIGTERM, lambda *a: print("SIGTERM", flush=True))
@@ -121,7 +121,7 @@ def test_the_server_and_its_workers_end_when_the_trainer_is_killed(tmp_path):
 FRAGILE = """
 import builtins, os, sys
 builtins.rlft_test_ready = True  # what the trainer sets up before importing the tool's module
-from rlft.pool import Pool
+from rlft.workers.pool import Pool
 from tests.fragile_tool import parent_pid
 from tests.tool_helpers import answer
 pool = Pool(parent_pid, 1, 30.0)
@@ -150,7 +150,7 @@ def test_what_the_server_cannot_import_is_run_by_workers_forked_here(monkeypatch
     trainer's __main__ by (a callable instance of a class of the script, a bound method), gets forked workers."""
     import functools
 
-    from rlft import worker_server
+    from rlft.workers import server as worker_server
     from tests.tool_helpers import multiply
 
     monkeypatch.setattr(_Searcher, "__module__", "__main__")
@@ -165,8 +165,8 @@ def test_what_the_server_cannot_import_is_run_by_workers_forked_here(monkeypatch
 LOGS = """
 import sys
 from pathlib import Path
-from rlft.console import run_log
-from rlft.pool import Pool
+from rlft.output.console import run_log
+from rlft.workers.pool import Pool
 from tests.tool_helpers import answer, logs
 with run_log(Path(sys.argv[1])):
     pool = Pool(logs, 1, 30.0)
@@ -188,7 +188,7 @@ def test_the_servers_workers_log_to_the_jobs_train_log(tmp_path):
 
 
 STDIN_TRAINER = """
-from rlft.pool import Pool
+from rlft.workers.pool import Pool
 from tests.tool_helpers import answer, multiply
 pool = Pool(multiply, 1, 30.0)
 got = answer(pool, 6, b=7.0)
@@ -208,7 +208,7 @@ def test_a_trainer_without_a_script_file_gets_its_tools_answers(how):
 
 RUN_TIME_STATE = """
 import sys
-from rlft.pool import Pool
+from rlft.workers.pool import Pool
 import tests.tool_helpers as helpers
 helpers.STATE["db"] = "set by the program"  # after import: a fresh import does not see it
 pool = Pool(helpers.reads_state, 1, 30.0, start=sys.argv[1])
@@ -240,7 +240,7 @@ spec = importlib.util.spec_from_file_location(sys.argv[2], sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[sys.argv[2]] = module
 spec.loader.exec_module(module)
-from rlft.pool import Pool
+from rlft.workers.pool import Pool
 pool = Pool(module.parent_pid, 1, 30.0)  # not tests.tool_helpers.answer: this run's tests.tool_helpers is the loose file
 pool.submit(0, ((0,), {}))
 got = {}
@@ -270,15 +270,15 @@ def test_a_module_a_fresh_import_does_not_find_gets_forked_workers(tmp_path, nam
 
 def test_a_module_found_afresh_is_found_where_it_was_loaded():
     import tests.tool_helpers  # noqa: F401
-    from rlft.worker_server import not_fresh
+    from rlft.workers.server import not_fresh
 
-    assert not_fresh("tests.tool_helpers") is None and not_fresh("rlft.worker_loop") is None
+    assert not_fresh("tests.tool_helpers") is None and not_fresh("rlft.workers.in_worker") is None
     assert not_fresh("os") is None and not_fresh("math") is None and not_fresh("json.decoder") is None
 
 
 KILLED = """
 import multiprocessing, os, time
-from rlft.pool import Pool
+from rlft.workers.pool import Pool
 from tests.tool_helpers import answer, multiply
 pool = Pool(multiply, 1, 30.0)
 answer(pool, 6)
@@ -351,7 +351,7 @@ helper = importlib.util.module_from_spec(spec)
 sys.modules["rlft_loose_helper"] = helper
 spec.loader.exec_module(helper)
 import tool_over_loose
-from rlft.pool import Pool
+from rlft.workers.pool import Pool
 from tests.tool_helpers import answer
 pool = Pool(tool_over_loose.parent_pid, 1, 30.0)
 got = answer(pool, 0)
@@ -376,8 +376,8 @@ def test_a_tool_module_that_imports_what_a_fresh_import_cannot_find_gets_forked_
 
 TWO_POOLS = """
 import os
-from rlft import worker_server
-from rlft.pool import Pool
+from rlft.workers import server as worker_server
+from rlft.workers.pool import Pool
 from tests.tool_helpers import answer, parent_pid
 print("started", flush=True)  # a worker that ran this script again would print it again
 

@@ -176,7 +176,7 @@ def parent_pid(x: int) -> str:
 
 
 def answer(pool, *args, **kwargs):
-    """Not a tool: for the tests' trainer scripts, one call through ``pool`` (an rlft.pool.Pool), waited for; its
+    """Not a tool: for the tests' trainer scripts, one call through ``pool`` (an rlft.workers.pool.Pool), waited for; its
     outcome."""
     pool.submit(0, (args, kwargs))
     got = {}

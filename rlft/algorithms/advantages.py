@@ -12,7 +12,7 @@ from rlft.algorithms.masked import Reduce, local, masked_whiten
 from rlft.registry import Registry
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import AlgoConfig
+    from rlft.config.schemas.algo import AlgoConfig
 
 ADV_ESTIMATORS = Registry("advantage estimator")
 

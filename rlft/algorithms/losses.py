@@ -16,7 +16,7 @@ from rlft.algorithms.masked import masked_mean
 from rlft.registry import Registry
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import AlgoConfig
+    from rlft.config.schemas.algo import AlgoConfig
 
 POLICY_LOSSES = Registry("policy loss")
 

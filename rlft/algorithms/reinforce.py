@@ -19,7 +19,7 @@ from rlft.algorithms.advantages import ADV_ESTIMATORS, AdvantageInputs, ppo_toke
 from rlft.algorithms.masked import masked_sum, masked_whiten
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import AlgoConfig
+    from rlft.config.schemas.algo import AlgoConfig
 
 
 def token_rewards_of(inputs: AdvantageInputs) -> Tensor:

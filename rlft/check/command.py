@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlft.app import App, run_task
-from rlft.app import run as run_app
+from rlft.commands.train import App, run_task
+from rlft.commands.train import run as run_app
 from rlft.config.loading import TRAIN, to_config
 from rlft.errors import fail
 from rlft.paths import user_path
@@ -40,7 +40,7 @@ Exit codes: 0 nothing blocks learning (warnings may be shown), 1 a verdict says 
 (or a reward function or environment failed, as in rlft train), 2 a config, data or model error.
 Nothing is written but --json: Hydra's run directory is temporary unless hydra.run.dir=DIR is given
 (under -m the sweep directory is Hydra's, as for rlft train -m, with the jobs' summary).
-Details: docs/usage.md, "Before a long run".
+Details: docs/guide/before-a-long-run.md.
 """
 
 

@@ -1,11 +1,11 @@
 """``check(cfg) -> Report``: what the run would load, a few of its groups sampled, scored and learned from once.
 
-The parts are the run's own: :func:`rlft.components.build_components` (the model, sampler, task, reward,
+The parts are the run's own: :func:`rlft.training.components.build_components` (the model, sampler, task, reward,
 episodes and tools, the optimizer), :func:`rlft.episodes.sample.sample_problems` and
-:func:`rlft.rewards.scorer.score_all` (as a rollout samples and scores), :func:`rlft.prepare.prepare_batch`
-and :func:`rlft.learner.update_policy` (one update, timed), :func:`rlft.samplers.sync_sampler` and the sync
-check (:func:`rlft.sync_check.verify`). Nothing is written: no run directory, no checkpoint. The update runs
-on the components the check built, after a host copy of their training state (rlft.failure.capture: the
+:func:`rlft.rewards.scorer.score_all` (as a rollout samples and scores), :func:`rlft.training.loop.learn`
+(the step's learning: log-probs, advantages, one update, timed), :func:`rlft.samplers.sync_sampler` and the sync
+check (:func:`rlft.sync.verify.verify`). Nothing is written: no run directory, no checkpoint. The update runs
+on the components the check built, after a host copy of their training state (rlft.state.failure.capture: the
 trainable weights, the optimizer's moments, the scheduler, the random states), which is put back afterwards
 (a warm-up update on one group runs and is undone first, so that the timed one is a steady step's);
 so ``check`` leaves the policy as it found it, and the sampler holding the updated weights (it is discarded).
@@ -20,27 +20,38 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlft import failure
 from rlft.algorithms.advantages import soft_overlong_penalty
-from rlft.batch import RolloutBatch, pack
 from rlft.check.memory import learner_memory, peak_start
-from rlft.check.report import Report, distribution, equal_groups, lengths, share
+from rlft.check.report import (
+    CostSection,
+    LengthsSection,
+    RenderingSection,
+    Report,
+    RunSection,
+    SignalSection,
+    distribution,
+    equal_groups,
+    lengths,
+    share,
+)
 from rlft.check.verdicts import verdicts
-from rlft.components import Components, build_components
 from rlft.config.validation import policy_budget, resolve_sampler_name
 from rlft.data.chat import chat_messages, prompt_room, templated
-from rlft.episodes.run import Episodes
+from rlft.episodes.lockstep import Episodes
 from rlft.episodes.sample import sample_problems
 from rlft.episodes.tokens import turn_suffix_ids
 from rlft.errors import RlftError, SyncError
-from rlft.learner import update_policy
-from rlft.prepare import prepare_batch
 from rlft.rewards.normalize import shape_rewards
 from rlft.rewards.scorer import score_all
-from rlft.rollout import sampling_params, untruncated
 from rlft.samplers import sync_sampler
 from rlft.samplers.base import stop_token_ids
-from rlft.sync_check import verify
+from rlft.state import failure
+from rlft.state.run_state import Snapshot
+from rlft.sync.verify import verify
+from rlft.training.batch import RolloutBatch, pack
+from rlft.training.components import Components, build_components
+from rlft.training.loop import learn
+from rlft.training.rollout import sampling_params, untruncated
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -56,8 +67,8 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
     """
     t0 = time.perf_counter()
     steps, num_prompts = cfg.trainer.steps, cfg.trainer.num_prompts
-    if cfg.trainer.strategy == "fsdp2":  # the check is one process: nothing to shard over
-        cfg.trainer.strategy = "ddp"
+    if cfg.trainer.strategy == "fsdp2":  # the check is one process: nothing to shard over (the caller's cfg stays)
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, strategy="ddp"))
     c = components or build_components(cfg)
     setup_s = time.perf_counter() - t0
     try:
@@ -91,9 +102,7 @@ def _measure(c: Components, cfg: Config, prompts: int, num_prompts: int, steps: 
     warm_update = _warm_up(c, cfg, batch, snap)
     t4 = time.perf_counter()
     before = peak_start(c.device)
-    prepared = prepare_batch(c, batch, cfg)
-    c.policy.model.train()
-    update = update_policy(c, batch, cfg)
+    update = learn(c, batch, cfg)  # the step's own learning, as train_step runs it
     t5 = time.perf_counter()
     memory = learner_memory(c.policy, cfg, batch.input_ids.shape[0], batch.input_ids.shape[1], before)
     moved = update["update/skipped"] == 0.0
@@ -111,7 +120,7 @@ def _measure(c: Components, cfg: Config, prompts: int, num_prompts: int, steps: 
         lengths=_lengths(c, cfg, prompt_ids, samples, gens),
         rendering=_rendering(c, cfg, problems[0], prompt_ids[0], samples[0].completion if samples else ""),
         cost=_cost(c, cfg, sync, {"setup": setup_s, "sampling": t2 - t1, "scoring": t3 - t2,
-                                  "update": t5 - t4, "logprobs": prepared.get("time/logprob_s", 0.0), "sync": sync_s,
+                                  "update": t5 - t4, "logprobs": update.get("time/logprob_s", 0.0), "sync": sync_s,
                                   "warm_up": warm_sampling + warm_update},
                    num_prompts, len(problems), steps, groups, scored.totals) | {"memory": memory},
     )
@@ -119,15 +128,12 @@ def _measure(c: Components, cfg: Config, prompts: int, num_prompts: int, steps: 
     return report
 
 
-def _warm_up(c: Components, cfg: Config, batch: RolloutBatch, snap: failure.Snapshot) -> float:
+def _warm_up(c: Components, cfg: Config, batch: RolloutBatch, snap: Snapshot) -> float:
     """One update on the first group, undone: the first backward pass pays for setting up (measured on SmolLM2,
     bf16: the first step's log-probs and update took 107 s, the second's 17 s); returns its seconds."""
     t0 = time.perf_counter()
     first = (batch.group_ids.cpu() == int(batch.group_ids[0])).nonzero().squeeze(-1)
-    part = batch.select(first)
-    prepare_batch(c, part, cfg)
-    c.policy.model.train()
-    update_policy(c, part, cfg)
+    learn(c, batch.select(first), cfg)
     failure.restore(c, snap)
     c.policy.model.eval()
     return time.perf_counter() - t0
@@ -182,7 +188,7 @@ def _batch(c: Components, cfg: Config, prompt_ids: list[list[int]], gens: Any, s
     return batch.to(c.device)
 
 
-def _run(cfg: Config, num_prompts: int, prompts: int, steps: int) -> dict[str, Any]:
+def _run(cfg: Config, num_prompts: int, prompts: int, steps: int) -> RunSection:
     return {"algo": cfg.algo.name, "model": cfg.model.name, "data": cfg.data.name,
             "sampler": resolve_sampler_name(cfg.sampler.name), "n": cfg.sampler.n, "num_prompts": num_prompts,
             "prompts": prompts, "samples": prompts * cfg.sampler.n, "steps": steps,
@@ -192,7 +198,7 @@ def _run(cfg: Config, num_prompts: int, prompts: int, steps: int) -> dict[str, A
 
 
 def _signal(cfg: Config, per_name: dict[str, list[float]], totals: list[float], groups: list[int],
-            signal_rows: list[bool], counts: dict[str, int], update: dict[str, float]) -> dict[str, Any]:
+            signal_rows: list[bool], counts: dict[str, int], update: dict[str, float]) -> SignalSection:
     n = len(totals)
     carrying = {g for g, s in zip(groups, signal_rows) if s}
     return {
@@ -213,10 +219,10 @@ def _signal(cfg: Config, per_name: dict[str, list[float]], totals: list[float], 
     }
 
 
-def _lengths(c: Components, cfg: Config, prompt_ids: list[list[int]], samples: list[Any], gens: Any) -> dict[str, Any]:
+def _lengths(c: Components, cfg: Config, prompt_ids: list[list[int]], samples: list[Any], gens: Any) -> LengthsSection:
     room = prompt_room(cfg.sampler)
     replies = [s.num_tokens for s in samples]
-    out: dict[str, Any] = {
+    out: LengthsSection = {
         "prompt_tokens": lengths([len(p) for p in prompt_ids]),
         "max_prompt_tokens": cfg.data.max_prompt_tokens,
         "sampler_room": room[0] if room else None,
@@ -241,12 +247,12 @@ def _stops(c: Components) -> list[int]:
     return stop_token_ids(c.policy.model.generation_config, c.policy.tokenizer)
 
 
-def _rendering(c: Components, cfg: Config, problem: Any, first: list[int], reply: str) -> dict[str, Any]:
+def _rendering(c: Components, cfg: Config, problem: Any, first: list[int], reply: str) -> RenderingSection:
     """The first prompt as the policy reads it, its first reply as the reward reads it, the stop tokens, whether
     the template opens the reply's turn, and (episodes) what follows a reply before the next turn."""
     tok = c.policy.tokenizer
     chat = templated(tok, cfg.data.chat_template)
-    out: dict[str, Any] = {"first_prompt": tok.decode(first, skip_special_tokens=False), "chat_template": chat,
+    out: RenderingSection = {"first_prompt": tok.decode(first, skip_special_tokens=False), "chat_template": chat,
                            "system_prompt": cfg.data.system_prompt,
                            "first_reply": reply, "stop_tokens": [tok.decode([i]) for i in _stops(c)],
                            "generation_prompt": None}
@@ -270,7 +276,7 @@ def _rendering(c: Components, cfg: Config, problem: Any, first: list[int], reply
 
 
 def _cost(c: Components, cfg: Config, sync: dict[str, Any], seconds: dict[str, float], num_prompts: int,
-          prompts: int, steps: int, groups: list[int], totals: list[float]) -> dict[str, Any]:
+          prompts: int, steps: int, groups: list[int], totals: list[float]) -> CostSection:
     """The measured seconds, and a step's projected from them: sampling, scoring and the update scale with the
     number of groups (trainer.num_prompts over the prompts checked); under dynamic sampling, a step draws
     rounds until enough groups differ (1 / the informative share, at most algo.max_sampling_rounds), and with

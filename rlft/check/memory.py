@@ -1,4 +1,4 @@
-"""The learner's GPU memory by docs/gpu.md's arithmetic ("Memory arithmetic on one 80 GB GPU"), for ``rlft check``
+"""The learner's GPU memory by docs/guide/gpu.md's arithmetic ("Memory arithmetic on one 80 GB GPU"), for ``rlft check``
 to print on CUDA beside the peak the allocator measured over its update.
 
 The formulas are the page's, term by term, in bytes; tests/test_check_memory.py recomputes the page's table
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 CHUNK = 128
-"""Rows of the log-prob head's logits chunk (rlft/logprobs.py)."""
+"""Rows of the log-prob head's logits chunk (rlft/training/logprobs.py)."""
 OVERHEAD = 1 * GIB
 """CUDA context, cuBLAS workspace and allocator slack (outside what the allocator reports)."""
 
@@ -60,7 +60,7 @@ def lora_params(s: Shapes, r: int) -> int:
 
 
 def learner_parts(s: Shapes, tokens: int, lora: int | None, checkpointing: bool, reference: bool) -> dict[str, int]:
-    """The learner phase's peak, in bytes, by part (docs/gpu.md), and their ``total``.
+    """The learner phase's peak, in bytes, by part (docs/guide/gpu.md#memory-arithmetic-on-one-80-gb-gpu), and their ``total``.
 
     Args:
         tokens: N, the tokens of one micro-batch (rows x padded length).

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlft.check.report import Report
+from rlft.check.report import CostSection, LengthsSection, RenderingSection, Report, RunSection, SignalSection, Verdict
 
 FIRST_PROMPT_CHARS = 600
 """The first prompt is shown whole up to this many characters (the JSON has all of it)."""
@@ -51,11 +51,18 @@ def _seconds(s: float) -> str:
 
 def rows(r: Report) -> list[tuple[str, str, str]]:
     """``(section, item, value)`` rows of the table, in order."""
-    run, s, ln, rd, c = r.run, r.signal, r.lengths, r.rendering, r.cost
-    out = [("run", "checked", f"algo={run['algo']} model={run['model']} data={run['data']} sampler={run['sampler']}: "
+    return [*_run_rows(r.run), *_signal_rows(r.signal), *_length_rows(r.lengths), *_rendering_rows(r.rendering),
+            *_cost_rows(r.cost, r.run), *_verdict_rows(r.verdicts)]
+
+
+def _run_rows(run: RunSection) -> list[tuple[str, str, str]]:
+    return [("run", "checked", f"algo={run['algo']} model={run['model']} data={run['data']} sampler={run['sampler']}: "
             f"{run['prompts']} prompts x sampler.n={run['n']} = {run['samples']} samples "
             f"(the run: {run['num_prompts']} prompts a step, {run['steps']} steps)")]
-    out.append(("signal", "reward (total)", _dist(s["total"])))
+
+
+def _signal_rows(s: SignalSection) -> list[tuple[str, str, str]]:
+    out = [("signal", "reward (total)", _dist(s["total"]))]
     for name, d in s["scorers"].items():
         out.append(("signal", f"reward/{name}", _dist(d)))
     eq = s["equal_groups"]
@@ -71,6 +78,11 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
                 "scores (one per reply and function) were reward.on_timeout's"))
     for key, count in s["events"].items():
         out.append(("signal", f"reward/{key}", f"{count} of {s['total']['count']}"))
+    return out
+
+
+def _length_rows(ln: LengthsSection) -> list[tuple[str, str, str]]:
+    out = []
     pt = ln["prompt_tokens"]
     limits = [f"data.max_prompt_tokens={ln['max_prompt_tokens'] or 'off'}",
               f"sampler room {ln['sampler_room'] if ln['sampler_room'] is not None else 'unlimited (hf)'}"]
@@ -90,6 +102,11 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
                               if k.startswith("tool_errors/") and v) or "none"
             out.append(("lengths", "tool calls", f"{ev.get('tool_calls', 0)} over {ep['count']} episodes "
                         f"({', '.join(ep['tools'])}); errors {ev.get('tool_errors', 0)}: {kinds}"))
+    return out
+
+
+def _rendering_rows(rd: RenderingSection) -> list[tuple[str, str, str]]:
+    out = []
     prompt = rd["first_prompt"]
     shown = prompt if len(prompt) <= FIRST_PROMPT_CHARS else prompt[:FIRST_PROMPT_CHARS] + f" ... ({len(prompt)} chars)"
     how = "chat template" if rd["chat_template"] else "raw text (no chat template)"
@@ -102,7 +119,11 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
     out.append(("rendering", "stop tokens", ", ".join(repr(t) for t in rd["stop_tokens"])))
     if "turn_suffix" in rd:
         out.append(("rendering", "after a reply, before the next turn", repr(rd["turn_suffix"])))
-    out.append(("cost", "dtype", f"{c['dtype']} on {c['device']}: {c['dtype_reason']}"))
+    return out
+
+
+def _cost_rows(c: CostSection, run: RunSection) -> list[tuple[str, str, str]]:
+    out = [("cost", "dtype", f"{c['dtype']} on {c['device']}: {c['dtype_reason']}")]
     for when, sc in c["sync_check"].items():
         if sc.get("off"):
             text = "off (sampler.sync_check=off)"
@@ -116,7 +137,7 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
     if c.get("memory"):
         m, est = c["memory"], c["memory"]["estimate_gib"]
         terms = ", ".join(f"{k} {v:.1f}" for k, v in est.items() if k != "total" and v)
-        out.append(("cost", "GPU memory, learner phase", f"docs/gpu.md's arithmetic {est['total']:.1f} GiB for "
+        out.append(("cost", "GPU memory, learner phase", f"docs/guide/gpu.md's arithmetic {est['total']:.1f} GiB for "
                     f"micro-batches of {m['tokens']} tokens ({terms}); measured: peak {m['peak_gib']:.1f} GiB "
                     f"allocated over the update, {m['before_gib']:.1f} GiB before it (the overhead term is outside "
                     "the allocator)"))
@@ -134,9 +155,14 @@ def rows(r: Report) -> list[tuple[str, str, str]]:
               f"{run['steps']}" if c["budget_s"] and c["steps"] < run["steps"] else "")
     out.append(("cost", "the run, projected", f"{_seconds(c['projected_s'])} for {c['steps']} steps{budget} "
                 "(evaluations not included)"))
-    for v in r.verdicts:
+    return out
+
+
+def _verdict_rows(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
+    out = []
+    for v in verdicts:
         out.append(("verdict", "BLOCKS" if v.blocks else "warning", f"{v.message}; next: {v.fix}"))
-    if not r.verdicts:
+    if not verdicts:
         out.append(("verdict", "ok", "nothing found that keeps this run from learning"))
     return out
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass
@@ -24,16 +24,113 @@ class Verdict:
     """The next step."""
 
 
+class RunSection(TypedDict):
+    """What was checked."""
+
+    algo: str
+    model: str
+    data: str
+    sampler: str
+    n: int
+    num_prompts: int
+    """trainer.num_prompts: a step's prompts."""
+    prompts: int
+    """The prompts the check sampled."""
+    samples: int
+    steps: int
+    overlong_filter: bool
+    reward: list[str]
+    """The reward functions, then ``model:PATH`` per reward model and ``judge:NAME`` per judge."""
+
+
+class SignalSection(TypedDict):
+    """Whether the reward gives the update something to learn from."""
+
+    total: dict[str, Any]
+    """:func:`distribution` of the total reward."""
+    scorers: dict[str, dict[str, Any]]
+    """:func:`distribution` of each scorer's scores, by name."""
+    equal_groups: dict[str, Any]
+    """:func:`equal_groups` of the totals."""
+    groups_with_gradient: int
+    groups: int
+    learns_from_zero_advantages: bool
+    dynamic_sampling: bool
+    unscored_share: float
+    timed_out_share: float | None
+    """Of the reward functions' scores, those reward.on_timeout gave; None when reward.on_timeout is unset."""
+    events: dict[str, int]
+    events_share: dict[str, float]
+    update_skipped: bool
+
+
+class _Lengths(TypedDict):
+    prompt_tokens: dict[str, float]
+    max_prompt_tokens: int | None
+    sampler_room: int | None
+    dropped: dict[str, Any] | None
+    reply_tokens: dict[str, float]
+    max_new_tokens: int
+    truncated_share: float
+    stopped_share: float
+
+
+class LengthsSection(_Lengths, total=False):
+    """Prompt and reply lengths against their limits; with episodes, their turns and tool calls."""
+
+    episodes: dict[str, Any]
+
+
+class _Rendering(TypedDict):
+    first_prompt: str
+    chat_template: bool
+    system_prompt: str | None
+    first_reply: str
+    stop_tokens: list[str]
+    generation_prompt: bool | None
+
+
+class RenderingSection(_Rendering, total=False):
+    """The first prompt as the policy reads it and its first reply as the reward reads it."""
+
+    generation_prompt_text: str | None
+    turn_suffix: str
+    turn_suffix_error: str
+
+
+class _Cost(TypedDict):
+    dtype: str
+    dtype_reason: str
+    device: str
+    sync_check: dict[str, dict[str, Any]]
+    """The sync check's result by when it ran (at start-up, after the update)."""
+    seconds: dict[str, float]
+    """Measured: setup, warm_up, sampling, scoring, update, logprobs, sync."""
+    rounds: int
+    skips_update: bool
+    step: dict[str, float]
+    """A step's projected seconds by phase."""
+    step_s: float
+    steps: int
+    projected_s: float
+    budget_s: float | None
+
+
+class CostSection(_Cost, total=False):
+    """What the run will cost: dtype, the sync check, measured and projected seconds, GPU memory."""
+
+    memory: dict[str, Any] | None
+
+
 @dataclass
 class Report:
-    """The sections of the check's table, each a dict of JSON values (see docs/usage.md, "Before a long run")."""
+    """The sections of the check's table, each a typed dict of JSON values (see docs/guide/before-a-long-run.md)."""
 
-    run: dict[str, Any]
-    """What was checked: algo, model, data, sampler, sampler.n, trainer.num_prompts, prompts sampled, steps."""
-    signal: dict[str, Any]
-    lengths: dict[str, Any]
-    rendering: dict[str, Any]
-    cost: dict[str, Any]
+    run: RunSection
+    signal: SignalSection
+    lengths: LengthsSection
+    rendering: RenderingSection
+    cost: CostSection
     verdicts: list[Verdict] = field(default_factory=list)
 
     @property

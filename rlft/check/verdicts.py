@@ -154,5 +154,5 @@ def _sync(r: Report) -> list[Verdict]:
     for when, s in r.cost["sync_check"].items():
         if s.get("passed") is False:
             return [Verdict("sync", True, f"weight sync check failed {when}: {s.get('message', '')}",
-                            "see docs/usage.md, 'Weight sync check'")]
+                            "see docs/guide/runs.md, 'Weight sync check'")]
     return []

@@ -1,30 +1,22 @@
 """The config of ``rlft rm``: training a Bradley-Terry reward model on preference pairs.
 
 Composed from conf/rm.yaml, which reuses ``rlft train``'s model/ and logger/ groups; the
-sections of its own (data, trainer) are defined here with their defaults, as schemas.py does
+sections of its own (data, trainer) are defined here with their defaults, as rlft/config/schemas/ does
 for ``rlft train`` (each field's ``knob`` gives its resume class, read by the resume check, and a number's
-valid range); the trainer keys both commands share are schemas.LoopConfig's.
+valid range); the trainer keys both commands share are rlft.config.schemas.trainer.LoopConfig's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlft.config.schemas import (
-    HARMFUL,
-    HARMLESS,
-    MICRO_BATCH,
-    NUMERICS,
-    STEPS,
-    ConfigError,
-    LoggerConfig,
-    LoopConfig,
-    ModelConfig,
-    OptimConfig,
-    knob,
-    resume_classes,
-)
+from rlft.config.schemas import resume_classes
+from rlft.config.schemas.fields import HARMFUL, HARMLESS, NUMERICS, knob
+from rlft.config.schemas.logger import LoggerConfig
+from rlft.config.schemas.model import ModelConfig
+from rlft.config.schemas.trainer import MICRO_BATCH, STEPS, LoopConfig, OptimConfig
 from rlft.config.validation import check_model, check_optim, check_ranges
+from rlft.errors import ConfigError
 
 RM_GROUPS = ("model", "logger")
 """Config groups of conf/rm.yaml (shared with ``rlft train``)."""
@@ -99,7 +91,7 @@ class RMConfig:
 
 
 RM_KEY_CLASSES = resume_classes(RMConfig)
-"""What changing each key between a checkpoint and its resumption does (see rlft.run_state)."""
+"""What changing each key between a checkpoint and its resumption does (see rlft.state.run_state)."""
 
 
 def validate_rm(cfg: RMConfig) -> None:

@@ -8,18 +8,16 @@ import importlib.util
 import re
 from typing import Any
 
-from rlft.config.schemas import (
-    REWARD_METRICS,
-    AlgoConfig,
-    Config,
-    ModelConfig,
-    OptimConfig,
-    SamplerConfig,
-    valid_values,
-)
+from rlft.config.schemas import Config
+from rlft.config.schemas.algo import AlgoConfig
+from rlft.config.schemas.fields import valid_values
+from rlft.config.schemas.model import ModelConfig
+from rlft.config.schemas.reward import REWARD_METRICS
+from rlft.config.schemas.sampler import SamplerConfig
+from rlft.config.schemas.trainer import OptimConfig
 from rlft.errors import ConfigError
 from rlft.rewards.rubric import check_judge
-from rlft.tools.check import BUILTIN_NAMES, check_episode, check_tools
+from rlft.tools.validate import BUILTIN_NAMES, check_episode, check_tools
 
 
 def policy_budget(cfg: Config) -> int:
@@ -158,7 +156,7 @@ def _check_data(cfg: Config) -> None:
 
 def _check_reward_models(cfg: Config) -> None:
     """reward.models' and reward.judges' fields and their metric names (the paths are checked at start-up,
-    rlft.components.preflight)."""
+    rlft.training.components.preflight)."""
     r = cfg.reward
     names = list(r.fns)
     for i, m in enumerate(r.models):

@@ -10,7 +10,7 @@ from rlft.data.tasks import Task, arithmetic_task, file_task
 from rlft.errors import DataError
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import DataConfig
+    from rlft.config.schemas.data import DataConfig
 
 
 def build_task(cfg: DataConfig, seed: int) -> Task:

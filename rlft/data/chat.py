@@ -13,7 +13,8 @@ from rlft.data.tasks import Task, rows_task
 from rlft.errors import DataError
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import DataConfig, SamplerConfig
+    from rlft.config.schemas.data import DataConfig
+    from rlft.config.schemas.sampler import SamplerConfig
 
 Prompt = str | list[dict[str, Any]]
 """A user message, or a list of chat messages ``{"role": ..., "content": ...}``."""

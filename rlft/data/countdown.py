@@ -17,7 +17,7 @@ from rlft.data.tasks import _EVAL_SEED, Problem, Task, check_ops, held_out_task
 from rlft.errors import DataError
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import DataConfig
+    from rlft.config.schemas.data import DataConfig
 
 OPS = ("+", "-", "*", "/")
 MAX_TRIES = 1000

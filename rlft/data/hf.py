@@ -29,7 +29,7 @@ from rlft.paths import user_path
 from rlft.rewards.gsm8k import parse_gsm8k_answer
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import DataConfig
+    from rlft.config.schemas.data import DataConfig
 
 FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
 """File suffix -> the ``datasets`` builder that reads it."""

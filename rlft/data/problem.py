@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rlft.errors import DataError
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import DataConfig
+    from rlft.config.schemas.data import DataConfig
 
 
 RESERVED_COLUMNS = ("prompt", "completion", "answer", "prompts", "completions", "num_tokens", "truncated",

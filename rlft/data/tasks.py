@@ -16,7 +16,7 @@ from rlft.errors import DataError
 from rlft.paths import user_path
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import DataConfig
+    from rlft.config.schemas.data import DataConfig
 
 __all__ = ["DataError", "Problem", "Task", "rows_task"]
 

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
-from rlft.calls import Worker as _Worker
 from rlft.episodes.env import Step
-from rlft.episodes.env_worker import env_call
+from rlft.episodes.env_in_worker import env_call
 from rlft.episodes.episode import check_step
 from rlft.errors import Described, EnvError, how_it_ended
-from rlft.worker_server import start_method
+from rlft.workers.server import start_method
+from rlft.workers.user_calls import Worker as _Worker
 
 _Job = tuple[Any, "WorkerEnv", str, Any, str]
 """A call for a worker: (the step's key or None for a build, environment, op, argument, what it does in words)."""
@@ -46,7 +46,7 @@ class WorkerEnv:
         return self.step_batch([self], [reply])[0][0]
 
     def stepper(self) -> EnvPool:
-        """What steps this episode in the continuous loop (rlft.episodes.stream): its pool."""
+        """What steps this episode in the continuous loop (rlft.episodes.continuous): its pool."""
         return self.pool
 
     @staticmethod

@@ -1,5 +1,5 @@
-"""One episode's state and the calls into its environment, shared by the lockstep loop (rlft.episodes.run) and the
-continuous one (rlft.episodes.stream)."""
+"""One episode's state and the calls into its environment, shared by the lockstep loop (rlft.episodes.lockstep) and the
+continuous one (rlft.episodes.continuous)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sampling problems into scored-ready samples: one reply each, or whole episodes (rlft.episodes.run).
+"""Sampling problems into scored-ready samples: one reply each, or whole episodes (rlft.episodes.lockstep).
 Shared by the rollout and evaluation."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlft.data.chat import problem_ids
-from rlft.episodes.run import Episodes, Progress, run_episodes
-from rlft.rewards.registry import Sample
+from rlft.episodes.lockstep import Episodes, Progress, run_episodes
+from rlft.rewards.functions import Sample
 from rlft.samplers import Generations, Sampler, SamplingParams
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import DataConfig
+    from rlft.config.schemas.data import DataConfig
     from rlft.data import Problem
     from rlft.episodes.setup import EpisodeSetup
 

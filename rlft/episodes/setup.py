@@ -8,22 +8,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rlft import worker_server
 from rlft.config.validation import resolve_sampler_name
 from rlft.data.chat import problem_ids
 from rlft.data.safe_tokens import chat_ids
 from rlft.episodes.env import load_env
 from rlft.episodes.env_pool import EnvPool
-from rlft.episodes.run import Limits
+from rlft.episodes.lockstep import Limits
 from rlft.episodes.tokens import check_turns
 from rlft.episodes.tool_env import ToolEnv, result_messages
 from rlft.errors import ConfigError, RlftError
+from rlft.tools.dispatch import ToolRunner
 from rlft.tools.format import system_prompt, template_takes_tools
-from rlft.tools.run import ToolResult, ToolRunner
+from rlft.tools.outcomes import ToolResult
 from rlft.tools.spec import Tool, load_tools
+from rlft.workers import server as worker_server
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import Config, DataConfig
+    from rlft.config.schemas import Config
+    from rlft.config.schemas.data import DataConfig
     from rlft.data import Problem, Task
 
 
@@ -43,7 +45,7 @@ class EpisodeSetup:
     tool_role: str = "tool"
     """The role the tool results come back in (episode.tool_role: tool, or user)."""
     continuous: bool = False
-    """Episodes that do not wait for each other (episode.schedule, rlft.episodes.stream); else lockstep."""
+    """Episodes that do not wait for each other (episode.schedule, rlft.episodes.continuous); else lockstep."""
     workers: str | None = None
     """Where the worker processes of the user tools or episode.env are forked from, in words (None: none runs)."""
     closer: Callable[[], None] = lambda: None

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rlft.episodes.env import Step
+from rlft.tools.dispatch import ToolRunner
 from rlft.tools.format import parse_tool_calls
-from rlft.tools.run import ToolResult, ToolRunner, count_errors
+from rlft.tools.outcomes import ToolResult, count_errors
 
 
 class ToolEnv:
@@ -22,7 +23,7 @@ class ToolEnv:
         return self.step_batch([self], [reply])[0][0]
 
     def stepper(self) -> ToolSteps:
-        """What steps this episode in the continuous loop (rlft.episodes.stream): one per runner."""
+        """What steps this episode in the continuous loop (rlft.episodes.continuous): one per runner."""
         steps = getattr(self.runner, "steps", None)
         if steps is None:
             steps = self.runner.steps = ToolSteps(self.runner)
@@ -31,7 +32,7 @@ class ToolEnv:
     @staticmethod
     def step_batch(envs: Sequence[ToolEnv], replies: Sequence[str]) -> list[tuple[Step, float]]:
         """Each episode's step for its reply, and the seconds its calls ran: the calls of every reply run at once
-        (rlft.episodes.run steps all waiting episodes through this), one runner's calls in one batch."""
+        (rlft.episodes.lockstep steps all waiting episodes through this), one runner's calls in one batch."""
         out: list[tuple[Step, float] | None] = [None] * len(envs)
         parsed = [parse_tool_calls(r) for r in replies]
         for runner in {id(e.runner): e.runner for e in envs}.values():
@@ -51,7 +52,7 @@ class ToolEnv:
 
 class ToolSteps:
     """ToolEnv steps started one reply at a time and handed back as each reply's calls are all done (the
-    continuous episode loop, rlft.episodes.stream): ``submit(key, env, reply)``, then ``poll(timeout)``."""
+    continuous episode loop, rlft.episodes.continuous): ``submit(key, env, reply)``, then ``poll(timeout)``."""
 
     def __init__(self, runner: ToolRunner):
         self.runner = runner

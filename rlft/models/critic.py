@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from rlft.models.policy import Policy
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import ModelConfig
+    from rlft.config.schemas.model import ModelConfig
 
 CRITIC_ADAPTER = "critic"
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
-from rlft.console import note, verbose
 from rlft.errors import ModelError
+from rlft.output.console import note, verbose
 from rlft.paths import user_path
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import ModelConfig
+    from rlft.config.schemas.model import ModelConfig
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -13,10 +13,10 @@ from torch import Tensor
 
 from rlft.models.device import autocast
 from rlft.models.loading import DTYPES, load_base
-from rlft.sharding import sharded_layers
+from rlft.parallel.fsdp import sharded_layers
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import LoraConfig, ModelConfig
+    from rlft.config.schemas.model import LoraConfig, ModelConfig
 
 
 @dataclass

@@ -162,7 +162,7 @@ def _decide(p: Probe, native: list[str]) -> tuple[str, str]:
     """The dtype and the rule that gave it. The flags decide unless the measurement contradicts them
     by ``MARGIN``. Every CPU we measured lies well outside that band (bf16/fp32 0.55, 2.5, 3.4 and
     more), while load moved the probe's ratio 2-4x on one CPU (3.4-6.5 alone, up to 15 beside busy
-    GEMM loops: scripts/bench_precision.py, docs/implementation.md#precision). So a CPU whose two
+    GEMM loops: scripts/bench_precision.py, docs/reference/internals/models-and-precision.md#precision). So a CPU whose two
     dtypes run about as fast is decided by its flags, not by noise, and a CPU whose flags promise
     kernels this torch build lacks is still caught."""
     ratio = p.bf16 / p.fp32

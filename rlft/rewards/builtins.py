@@ -1,11 +1,11 @@
-"""Built-in reward functions (see rlft.rewards.registry for the signature)."""
+"""Built-in reward functions (see rlft.rewards.functions for the signature)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from rlft.rewards.registry import REWARDS
+from rlft.rewards.functions import REWARDS
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from rlft.errors import UnsafeExpression
-from rlft.rewards.registry import REWARDS
+from rlft.rewards.functions import REWARDS
 
 MAX_EXPRESSION_CHARS = 200
 """Longer expressions are rejected before parsing (a deep nesting could exhaust the parser)."""

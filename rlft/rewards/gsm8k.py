@@ -11,7 +11,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from rlft.rewards.registry import REWARDS
+from rlft.rewards.functions import REWARDS
 
 # A number as replies write it: an optional minus (ASCII or U+2212) not glued to a word or digit
 # before it (so "10-5" is 10 and 5, not 10 and -5), an optional "$" on either side of the minus,

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlft.config.schemas import LoraConfig
+from rlft.config.schemas.model import LoraConfig
 from rlft.config.validation import resolve_sampler_name
 from rlft.data.chat import filled_prompt_ids, prompt_room
 from rlft.errors import ModelError
 from rlft.models.loading import DTYPES, load_base
 from rlft.paths import user_path
-from rlft.rewards.registry import Sample
+from rlft.rewards.functions import Sample
 from rlft.rewards.rubric import (
     DEFAULT_VERDICTS,
     default_template,
@@ -39,7 +39,9 @@ from rlft.rewards.rubric import (
 from rlft.samplers import SamplingParams, build_sampler
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import Config, JudgeConfig, ModelConfig
+    from rlft.config.schemas import Config
+    from rlft.config.schemas.model import ModelConfig
+    from rlft.config.schemas.reward import JudgeConfig
     from rlft.samplers import Sampler
 
 NAMED_MODELS = {"smollm2_135m": "smollm2_gguf", "tiny": "tiny"}

@@ -31,10 +31,10 @@ from rlft.errors import ModelError
 from rlft.models.loading import DTYPES
 from rlft.models.score_head import fp32_head, stored_head
 from rlft.paths import user_path
-from rlft.rewards.registry import Sample
+from rlft.rewards.functions import Sample
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import RewardModelConfig
+    from rlft.config.schemas.reward import RewardModelConfig
 
 SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
 

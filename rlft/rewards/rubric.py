@@ -17,7 +17,7 @@ from rlft.data.safe_tokens import neutralise
 from rlft.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import JudgeConfig
+    from rlft.config.schemas.reward import JudgeConfig
 
 PLACEHOLDERS = ("prompt", "reply", "answer")
 """What a rubric may name: the task prompt, the policy's reply, the reference answer ('' when none)."""

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from rlft.rewards.calls import IN_PROCESS, CallPolicy, call_policy
+from rlft.rewards.functions import Sample, call_policy, score_samples
 from rlft.rewards.judges import build_judges
 from rlft.rewards.models import load_reward_models
-from rlft.rewards.registry import Sample, score_samples
+from rlft.workers.user_calls import IN_PROCESS, CallPolicy
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +93,7 @@ def score_all(scorers: Sequence[Scorer], samples: Sequence[Sample], gold: Scorer
     """Every scorer on ``samples``; the gold checker too, outside the totals.
 
     Raises:
-        RewardError: a reward function failed (see :func:`rlft.rewards.registry.score_samples`).
+        RewardError: a reward function failed (see :func:`rlft.rewards.functions.score_samples`).
     """
     per = {s.name: s.score(samples) for s in scorers}
     counts = {f"{s.name}/{k}": v for s in scorers for k, v in s.take_counts().items()}

@@ -1,4 +1,4 @@
-"""``rlft rm [KEY=VALUE ...]``: a Hydra application like ``rlft train`` (:mod:`rlft.app`), composed from
+"""``rlft rm [KEY=VALUE ...]``: a Hydra application like ``rlft train`` (:mod:`rlft.commands.train`), composed from
 conf/rm.yaml on :class:`rlft.config.rm_schema.RMConfig`; and ``rlft export`` of its checkpoints."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlft.app import App, check_nproc, run_ranks, run_task
-from rlft.app import run as run_app
+from rlft.commands.train import App, check_nproc, run_ranks, run_task
+from rlft.commands.train import run as run_app
 from rlft.config.loading import Schema, compose_on, group_options, to_config
 from rlft.config.rm_schema import RM_GROUPS, RMConfig, validate_rm
 from rlft.rm.data import rendering
@@ -26,7 +26,7 @@ def task(raw: Any) -> float:
 
 
 def _job(raw: Any, run_dir: Path, in_sweep: bool, status: dict[str, Any], t0: float) -> float:
-    from rlft.distributed import launched  # torch
+    from rlft.parallel.distributed import launched  # torch
     from rlft.rm.train import train_rm  # torch
 
     cfg = to_config(raw, RM_SCHEMA)
@@ -56,7 +56,7 @@ conf/rm.yaml (a Hydra application, like rlft train).
 
 Config groups (GROUP=OPTION): model ({models}), logger ({loggers})
 Sections (SECTION.KEY=VALUE): model data trainer optim logger; top-level keys: loss seed
-Every key with its meaning: docs/usage.md, "Training a reward model". Exit codes as rlft train.
+Every key with its meaning: docs/guide/reward-models.md, "Training a reward model". Exit codes as rlft train.
 """
 
 
@@ -77,11 +77,11 @@ def export_checkpoint(path: Path, out: Path) -> None:
     """
     import torch  # as the module says
 
-    from rlft import checkpoint as ckpt  # torch
     from rlft.models.loading import quiet_libraries  # torch
     from rlft.rm.model import build_reward_model, save_reward_model  # torch
     from rlft.rm.state import load_weights  # torch
-    from rlft.run_state import CONFIG  # torch
+    from rlft.state import checkpoint as ckpt  # torch
+    from rlft.state.run_state import CONFIG  # torch
 
     quiet_libraries()
     cfg = compose_on((path / CONFIG).read_text(), [], RM_SCHEMA)

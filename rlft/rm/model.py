@@ -27,7 +27,7 @@ from rlft.models.loading import DTYPES, load_base
 from rlft.models.score_head import HEAD, fp32_head
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import ModelConfig
+    from rlft.config.schemas.model import ModelConfig
 
 @dataclass
 class RewardModel:

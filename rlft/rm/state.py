@@ -1,7 +1,7 @@
 """What a reward-model checkpoint holds and how it goes back: the trained tensors (adapter and score
 head, or all weights), AdamW's moments and the scheduler, torch's random state (LoRA dropout), the
-step and the pair position. Written with :mod:`rlft.checkpoint`'s atomic directories under the same
-file names as ``rlft train``'s (:mod:`rlft.run_state`), plus a ``kind`` that ``rlft export`` reads.
+step and the pair position. Written with :mod:`rlft.state.checkpoint`'s atomic directories under the same
+file names as ``rlft train``'s (:mod:`rlft.state.run_state`), plus a ``kind`` that ``rlft export`` reads.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlft import checkpoint as ckpt
-from rlft.distributed import SINGLE, DataParallel
+from rlft.parallel.distributed import SINGLE, DataParallel
 from rlft.rm.model import RewardModel
-from rlft.run_state import CONFIG, CUDA_RNG, OPTIMIZER, RNG, WEIGHTS, restore_device_rng
+from rlft.state import checkpoint as ckpt
+from rlft.state.run_state import CONFIG, CUDA_RNG, OPTIMIZER, RNG, WEIGHTS, restore_device_rng
 
 KIND = "reward_model"
 """``trainer_state.json``'s ``kind`` in a checkpoint of ``rlft rm``."""

@@ -18,23 +18,23 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from rlft import checkpoint as ckpt
-from rlft import run_state
 from rlft.algorithms.preference import PREFERENCE_LOSSES, pairwise_accuracy
 from rlft.config.rm_schema import RM_KEY_CLASSES
-from rlft.distributed import SINGLE, DataParallel, from_environment, local_rank
 from rlft.errors import ConfigError, DataError
-from rlft.failure import GracefulStop
-from rlft.learner import adamw
 from rlft.models.device import resolve_device
 from rlft.models.loading import quiet_libraries
 from rlft.models.precision import Precision
 from rlft.models.precision import resolve as resolve_precision
-from rlft.plots import plot_run
+from rlft.output.plots import plot_run
+from rlft.output.tracking import Tracker, keep_metrics_through
+from rlft.parallel.distributed import SINGLE, DataParallel, from_environment, local_rank
 from rlft.rm import state as rm_state
 from rlft.rm.data import Encoded, encode_pairs, load_pairs, rendering
 from rlft.rm.model import RewardModel, build_reward_model, save_reward_model
-from rlft.tracking import Tracker, keep_metrics_through
+from rlft.state import checkpoint as ckpt
+from rlft.state import resume_rules
+from rlft.state.failure import GracefulStop
+from rlft.training.optimizer import adamw
 
 if TYPE_CHECKING:
     from rlft.config.rm_schema import RMConfig
@@ -56,14 +56,14 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
     if t.batch_size % dp.world:
         raise ConfigError(f"trainer.batch_size={t.batch_size} must be a multiple of the {dp.world} ranks")
     resume = ckpt.resolve(t.resume, run_dir)
-    harmless = run_state.check_compatible(resume, resolved_yaml, dp.world, RM_KEY_CLASSES) if resume else []
+    harmless = resume_rules.check_compatible(resume, resolved_yaml, dp.world, RM_KEY_CLASSES) if resume else []
     if resume is None:
         ckpt.check_fresh(run_dir, t.resume)
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     device = resolve_device(t.device, local_rank() if dp.active else None)
-    dtype = run_state.trained_dtype(resume) if resume else None
-    # Rank 0 decides and the ranks follow (as in rlft.components): each rank probing or reading the
+    dtype = resume_rules.trained_dtype(resume) if resume else None
+    # Rank 0 decides and the ranks follow (as in rlft.training.components): each rank probing or reading the
     # cache on its own could train in another dtype.
     precision = dp.broadcast((Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
                               else resolve_precision(cfg.model, device.type)) if dp.main else None)

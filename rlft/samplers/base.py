@@ -77,7 +77,7 @@ class Sampler(Protocol):
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """Teacher-forced log-probs, at temperature 1, of each completion token given the prompt and the
-        completion tokens before it, under the sampler's current weights (rlft.sync_check compares
+        completion tokens before it, under the sampler's current weights (rlft.sync.verify compares
         them with the learner's)."""
         ...
 
@@ -87,7 +87,7 @@ class Sampler(Protocol):
 
     def read_served(self, names: list[str]) -> dict[str, tuple[Tensor, ...]]:
         """What the sampler serves of the named modules (base-model names), for the sync check's weight
-        comparison (rlft/served_weights.py): ``(columns,)`` of a merged weight, or ``(A, B)`` of a served
+        comparison (rlft/sync/served_weights.py): ``(columns,)`` of a merged weight, or ``(A, B)`` of a served
         adapter. Modules it cannot read are left out."""
         ...
 

@@ -12,7 +12,8 @@ from rlft.samplers.hf import HFSampler
 from rlft.samplers.vllm import VLLMSampler
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import ModelConfig, SamplerConfig
+    from rlft.config.schemas.model import ModelConfig
+    from rlft.config.schemas.sampler import SamplerConfig
 
 
 def build_sampler(cfg: SamplerConfig, model_cfg: ModelConfig, model: Any, tokenizer: Any, seed: int,

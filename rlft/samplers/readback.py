@@ -1,4 +1,4 @@
-"""Reading back the weights a sampler serves, for the sync check's weight comparison (rlft/served_weights.py).
+"""Reading back the weights a sampler serves, for the sync check's weight comparison (rlft/sync/served_weights.py).
 
 A log-prob probe sees a sync's error only as far as it moves the probe's log-probs, which at a default
 learning rate is less than bf16 rounding (issue 35). The served weights themselves show any missed update

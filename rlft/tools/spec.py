@@ -1,6 +1,6 @@
 """Tools by name: the built-ins and user functions named by dotted path, each with the JSON schema that
 describes it to the policy (transformers' ``get_json_schema``: from the signature and the docstring).
-Imports transformers (seconds): config validation uses rlft.tools.check instead."""
+Imports transformers (seconds): config validation uses rlft.tools.validate instead."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from transformers.utils import get_json_schema
 from rlft.errors import ConfigError
 from rlft.registry import load_user_function
 from rlft.tools.builtin import calculator, python_tool
-from rlft.tools.check import BUILTIN_NAMES, check_tools
+from rlft.tools.validate import BUILTIN_NAMES, check_tools
 
 if TYPE_CHECKING:
-    from rlft.config.schemas import EpisodeConfig
+    from rlft.config.schemas.episode import EpisodeConfig
 
 BUILTINS: dict[str, Callable[[EpisodeConfig], Callable[..., Any]]] = {
     "calculator": lambda cfg: calculator,

@@ -1,4 +1,4 @@
-"""rlft check on CUDA: docs/gpu.md's memory arithmetic beside the allocator's measured peak (with the CPU standing
+"""rlft check on CUDA: docs/guide/gpu.md#memory-arithmetic-on-one-80-gb-gpu's memory arithmetic beside the allocator's measured peak (with the CPU standing
 in, RLFT_GPU_TESTS_DEVICE=cpu, the row is absent: there is no allocator peak to show)."""
 
 from __future__ import annotations

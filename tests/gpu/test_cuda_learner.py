@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlft import checkpoint as ckpt
 from rlft.config import compose
-from rlft.logprobs import token_logprobs
-from rlft.rollout import collect_rollout
-from rlft.trainer import build_components
+from rlft.state import checkpoint as ckpt
+from rlft.training.logprobs import token_logprobs
+from rlft.training.loop import build_components
+from rlft.training.rollout import collect_rollout
 from tests.support import ROOT, TINY, run_cli
 
 DEVICE = os.environ.get("RLFT_GPU_TESTS_DEVICE", "cuda")  # see tests/conftest.py: cpu dry-runs these tests
@@ -97,7 +97,7 @@ def test_vllm_three_steps_and_sleep_frees_memory(tmp_path):
 def test_everything_trains_on_the_device():
     cfg, _, _ = compose(TRAIN + ["algo=ppo", f"trainer.device={DEVICE}"])
     c = build_components(cfg)
-    from rlft.trainer import train_step
+    from rlft.training.loop import train_step
 
     m = train_step(1, c, cfg)
     assert m["update/skipped"] == 0.0

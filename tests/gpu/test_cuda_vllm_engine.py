@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlft.config import compose
-from rlft.trainer import build_components
+from rlft.training.loop import build_components
 from tests.support import TINY
 
 DEVICE = os.environ.get("RLFT_GPU_TESTS_DEVICE", "cuda")

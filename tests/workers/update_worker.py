@@ -14,14 +14,14 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlft.batch import RolloutBatch
 from rlft.config import compose
-from rlft.distributed import from_environment
-from rlft.learner import update_policy
-from rlft.rollout import rank_rows
-from rlft.run_state import trainable_tensors
-from rlft.sharding import full_named
-from rlft.trainer import build_components
+from rlft.parallel.distributed import from_environment
+from rlft.parallel.fsdp import full_named
+from rlft.state.run_state import trainable_tensors
+from rlft.training.batch import RolloutBatch
+from rlft.training.learner import update_policy
+from rlft.training.loop import build_components
+from rlft.training.rollout import rank_rows
 
 
 def main() -> None:
