@@ -1,4 +1,5 @@
-"""`rlft train [overrides]`: a thin command line over ``rlft.training.loop.train``."""
+"""The ``rlft`` command: ``train`` (a thin command line over ``rlft.training.loop.train``), ``check``, ``rm``, ``eval``
+and ``export``, each dispatched to its own module."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ class RewardNameError(RewardError, ConfigError):
 
 
 # Internal: how a call of user code ended (rlft.workers.user_calls -> rlft.rewards.functions, which words them as a RewardError,
-# and rlft.tools.dispatch, which words them for the policy).
+# and rlft.tools.outcomes, which words them for the policy).
 
 
 class CallTimeout(Exception):
@@ -127,7 +127,7 @@ class Described(Exception):
         return type(self.name, (Exception,), {})(self.message)
 
 
-# Internal: a built-in tool stopped at its time limit (rlft.tools.builtin -> rlft.tools.dispatch, which tells the policy).
+# Internal: a built-in tool stopped at its time limit (rlft.tools.builtin -> rlft.tools.outcomes, which tells the policy).
 
 
 class ToolTimeout(Exception):

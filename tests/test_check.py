@@ -149,24 +149,22 @@ def test_the_update_leaves_the_training_state_as_it_found_it():
 
 
 def test_the_check_learns_with_the_steps_own_code_and_leaves_the_callers_config(monkeypatch):
-    """The update it times is train_step's (rlft.training.loop.learn: a warm-up on one group, then the batch), and a
-    run under trainer.strategy=fsdp2 is checked in one process without the caller's config changing."""
-    import rlft.training.loop as loop
+    """The update it times is train_step's (rlft.training.learner.learn: a warm-up on one group, then the batch), and
+    a run under trainer.strategy=fsdp2 is checked in one process without the caller's config changing."""
+    import rlft.check.measure as measure
+    from rlft.training.learner import learn
 
     seen = []
-    real = loop.learn
 
     def counted(c, batch, cfg):
         seen.append(batch.input_ids.shape[0])
-        return real(c, batch, cfg)
-
-    monkeypatch.setattr(loop, "learn", counted)
-    import rlft.check.measure as measure
+        return learn(c, batch, cfg)
 
     monkeypatch.setattr(measure, "learn", counted)
-    cfg = compose([*CHECK, "trainer.strategy=fsdp2", "reward.fns=[tests.helpers:char_count]", "reward.weights=[1]"])[0]
+    cfg = compose([*CHECK, "trainer.strategy=fsdp2", "model.dtype=auto", "reward.fns=[tests.helpers:char_count]",
+                   "reward.weights=[1]"])[0]
     r = check(cfg, 2)
-    assert cfg.trainer.strategy == "fsdp2"
+    assert cfg.trainer.strategy == "fsdp2" and cfg.model.dtype == "auto"  # not what the check resolved it to
     n = cfg.sampler.n
     assert seen == [n, 2 * n] and r.cost["seconds"]["update"] > 0
 

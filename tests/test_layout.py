@@ -14,6 +14,11 @@ import yaml
 
 from tests.support import ROOT
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pyproject allows it): pip's vendored copy reads the same TOML
+    from pip._vendor import tomli as tomllib
+
 ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "paths", "registry", "sweep"}
 """The root's modules: the entry points, the leaves every folder uses, and the Hydra callback conf/ names."""
 

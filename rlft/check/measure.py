@@ -2,7 +2,7 @@
 
 The parts are the run's own: :func:`rlft.training.components.build_components` (the model, sampler, task, reward,
 episodes and tools, the optimizer), :func:`rlft.episodes.sample.sample_problems` and
-:func:`rlft.rewards.scorer.score_all` (as a rollout samples and scores), :func:`rlft.training.loop.learn`
+:func:`rlft.rewards.scorer.score_all` (as a rollout samples and scores), :func:`rlft.training.learner.learn`
 (the step's learning: log-probs, advantages, one update, timed), :func:`rlft.samplers.sync_sampler` and the sync
 check (:func:`rlft.sync.verify.verify`). Nothing is written: no run directory, no checkpoint. The update runs
 on the components the check built, after a host copy of their training state (rlft.state.failure.capture: the
@@ -13,6 +13,7 @@ so ``check`` leaves the policy as it found it, and the sampler holding the updat
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -50,7 +51,7 @@ from rlft.state.run_state import Snapshot
 from rlft.sync.verify import verify
 from rlft.training.batch import RolloutBatch, pack
 from rlft.training.components import Components, build_components
-from rlft.training.loop import learn
+from rlft.training.learner import learn
 from rlft.training.rollout import sampling_params, untruncated
 
 if TYPE_CHECKING:
@@ -67,8 +68,9 @@ def check(cfg: Config, prompts: int = 8, components: Components | None = None) -
     """
     t0 = time.perf_counter()
     steps, num_prompts = cfg.trainer.steps, cfg.trainer.num_prompts
-    if cfg.trainer.strategy == "fsdp2":  # the check is one process: nothing to shard over (the caller's cfg stays)
-        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, strategy="ddp"))
+    cfg = copy.deepcopy(cfg)  # the caller's stays as given (building the components resolves model.dtype in it)
+    if cfg.trainer.strategy == "fsdp2":  # the check is one process: nothing to shard over
+        cfg.trainer.strategy = "ddp"
     c = components or build_components(cfg)
     setup_s = time.perf_counter() - t0
     try:

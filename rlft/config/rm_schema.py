@@ -91,7 +91,7 @@ class RMConfig:
 
 
 RM_KEY_CLASSES = resume_classes(RMConfig)
-"""What changing each key between a checkpoint and its resumption does (see rlft.state.run_state)."""
+"""What changing each key between a checkpoint and its resumption does (see rlft.state.resume_rules)."""
 
 
 def validate_rm(cfg: RMConfig) -> None:

@@ -203,7 +203,7 @@ def apply(c: Components, tensors: dict[str, dict[str, Tensor]], state: dict[str,
 
 def _own_rng(rng: dict[str, Tensor], state: dict[str, Any], rank: int) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Rank ``rank``'s random states; rank 0's when the checkpoint has none for it (it was written at
-    a smaller world size, a change :func:`check_compatible` reports)."""
+    a smaller world size, a change :func:`rlft.state.resume_rules.check_compatible` reports)."""
     prefix = f"rank{rank}."
     if rank > 0 and f"{prefix}torch" in rng and len(state.get("rank_rngs", [])) >= rank:
         return {k.removeprefix(prefix): v for k, v in rng.items() if k.startswith(prefix)}, state["rank_rngs"][rank - 1]

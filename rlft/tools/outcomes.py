@@ -58,7 +58,6 @@ def call_user(tools: dict[str, Callable[..., Any]], name: str, arguments: dict[s
     return text_or_not(tools[name](**arguments))
 
 
-
 def refusal(tools: dict[str, Tool], call: ToolCall, limit: int) -> ToolResult | None:
     """The result of a call that is not run (malformed, an unknown tool, arguments that do not fit), its text cut
     at ``limit`` characters; None for a call to run."""

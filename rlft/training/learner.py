@@ -7,6 +7,7 @@ The log-probs and values the losses differentiate come from :mod:`rlft.training.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from rlft.parallel.distributed import SINGLE, DataParallel
 from rlft.parallel.fsdp import grad_norm_and_clip
 from rlft.training.batch import RolloutBatch
 from rlft.training.logprobs import critic_values, micro_batches, token_logprobs
+from rlft.training.prepare import adapt_coefficients, prepare_batch
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
@@ -283,3 +285,16 @@ def _clip(params: list[Tensor], max_norm: float, dp: DataParallel) -> Tensor:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     grads = [p.grad for p in params if p.grad is not None]
     return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=params[0].device)
+
+
+def learn(c: Components, batch: RolloutBatch, cfg: Config) -> dict[str, float]:
+    """A step's learning on its rollout batch: the old/reference log-probs, values and advantages, the update, the
+    adapted coefficients; its metrics, ``time/update_s`` the update's (train_step's, and the one rlft check times)."""
+    metrics = prepare_batch(c, batch, cfg)
+    c.policy.model.train()
+    t0 = time.perf_counter()
+    metrics.update(update_policy(c, batch, cfg))
+    if metrics["update/skipped"] == 0.0:
+        adapt_coefficients(c, batch, cfg, metrics)
+    metrics["time/update_s"] = time.perf_counter() - t0
+    return metrics

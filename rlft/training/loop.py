@@ -25,13 +25,11 @@ from rlft.state import failure, resume_rules, run_state
 from rlft.sync.verify import verify
 from rlft.training.components import Components, build_components
 from rlft.training.evaluation import evaluate
-from rlft.training.learner import update_policy
-from rlft.training.prepare import adapt_coefficients, prepare_batch
+from rlft.training.learner import learn
 from rlft.training.rollout import collect_rollout
 
 if TYPE_CHECKING:
     from rlft.config.schemas import Config
-    from rlft.training.batch import RolloutBatch
 
 
 def train(cfg: Config, run_dir: Path, resolved_yaml: str | None = None) -> dict[str, float]:
@@ -170,19 +168,6 @@ def train_step(step: int, c: Components, cfg: Config, out: Outputs | None = None
     metrics["kl_coef"] = c.state.kl_coef
     metrics["time/sync_s"] = t2 - t1
     metrics["time/step_s"] = time.perf_counter() - t_start
-    return metrics
-
-
-def learn(c: Components, batch: RolloutBatch, cfg: Config) -> dict[str, float]:
-    """A step's learning on its rollout batch: the old/reference log-probs, values and advantages, the update, the
-    adapted coefficients; its metrics, ``time/update_s`` the update's (rlft check times the same)."""
-    metrics = prepare_batch(c, batch, cfg)
-    c.policy.model.train()
-    t0 = time.perf_counter()
-    metrics.update(update_policy(c, batch, cfg))
-    if metrics["update/skipped"] == 0.0:
-        adapt_coefficients(c, batch, cfg, metrics)
-    metrics["time/update_s"] = time.perf_counter() - t0
     return metrics
 
 

@@ -270,7 +270,7 @@ def _rollout_metrics(rounds: list[_Round]) -> dict[str, float]:
 
 
 def _episode_metrics(eps: list[Episodes]) -> dict[str, float]:
-    """Per episode means over every episode sampled this step (docs/metrics: ``episode/*``)."""
+    """Per episode means over every episode sampled this step (docs/reference/metrics.md: ``episode/*``)."""
     count = sum(len(e.turns) for e in eps)
     tokens = sum(len(m) for e in eps for m in e.policy_mask)
     out = {"episode/turns": sum(sum(e.turns) for e in eps) / count,

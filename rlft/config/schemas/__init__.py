@@ -7,7 +7,7 @@ group option in conf/ sets only the keys that make it that option (tests/test_co
 Each field also says what changing it between a checkpoint and its resumption does to the run
 (``resume``, collected into :data:`rlft.state.resume_rules.KEY_CLASSES`) and, in algo, which algorithm it
 belongs to (``section``, collected into :data:`ALGO_SECTIONS` for ``rlft train --help algo``). Every
-numeric field says its valid values (``range``, a :class:`Range` in interval notation, e.g. ``"[0, 1]"``),
+numeric field says its valid values (``range``, a :class:`rlft.config.schemas.fields.Range` in interval notation, e.g. ``"[0, 1]"``),
 which :func:`rlft.config.validation.check_ranges` enforces and ``rlft train --help SECTION`` prints.
 """
 
