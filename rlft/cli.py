@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="before a long run, whether it can learn: sample, score and time one step of the "
                    "run's config (rlft check --help)")
     sub.add_parser("rm", help="train a reward model on preference pairs (a Hydra application: rlft rm --help)")
+    sub.add_parser("sft", help="supervised fine-tuning on demonstrations, rendered as rlft train renders them (a Hydra "
+                   "application: rlft sft --help)")
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory")
     export.add_argument("checkpoint", help="a checkpoints/step_NNNNNN directory, or a run directory (newest)")
     export.add_argument("out_dir", help="new output directory")
@@ -72,7 +74,7 @@ def default_eval_out(checkpoint: Path | None) -> Path:
 
 
 def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -> int:
-    from rlft.commands.export import checkpoint_config, find_checkpoint  # torch
+    from rlft.commands.export import checkpoint_config, find_checkpoint, is_sft_checkpoint  # torch
     from rlft.config import compose  # Hydra
     from rlft.training.evaluation import run_eval, write_result  # torch, transformers
 
@@ -88,6 +90,10 @@ def cmd_eval(args: list[str], samples: int, data: str | None, out: str | None) -
         target = user_path(out) if out else default_eval_out(checkpoint)
         if target.is_dir():  # before the evaluation, not after minutes of it
             return fail(f"--out {target} is a directory: give a file name")
+        if checkpoint and is_sft_checkpoint(checkpoint):
+            return fail(f"{checkpoint} is an rlft sft checkpoint, which has no task to evaluate on: export it (rlft "
+                        "export CHECKPOINT DIR, or the run's own model/ directory) and evaluate that: rlft eval "
+                        "model=local model.path=DIR data=...")
         cfg = checkpoint_config(checkpoint, overrides) if checkpoint else compose(overrides)[0]
         target.parent.mkdir(parents=True, exist_ok=True)
         with run_log(target.with_suffix(".log")):  # other libraries' output: beside the result, not the console
@@ -143,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlft.rm.command import main as rm_main
 
         return rm_main(argv[1:])
+    if argv[:1] == ["sft"]:
+        from rlft.sft.command import main as sft_main
+
+        return sft_main(argv[1:])
     parser = _parser()
     if argv[:1] == ["eval"]:  # overrides may come after --samples/--data/--out too (not with parse_args)
         args = parser.get_default("eval_parser").parse_intermixed_args(argv[1:])

@@ -1,5 +1,5 @@
-"""docs/reference/config.md: every config key of `rlft train` and `rlft rm`, generated from the schemas
-(rlft/config/schemas/, rlft/config/rm_schema.py): its default, its valid values and its docstring.
+"""docs/reference/config.md: every config key of `rlft train`, `rlft rm` and `rlft sft`, generated from the schemas
+(rlft/config/schemas/, rlft/config/rm_schema.py, rlft/config/sft_schema.py): its default, its valid values and its docstring.
 
     python scripts/config_reference.py          rewrite docs/reference/config.md
     python scripts/config_reference.py --check  exit 1 when the page is stale (tests/test_layout.py does the same)
@@ -18,13 +18,14 @@ from rlft.config import GROUPS, Config, group_options
 from rlft.config.loading import field_type
 from rlft.config.rm_schema import RM_GROUPS, RMConfig
 from rlft.config.schemas.fields import valid_values
+from rlft.config.sft_schema import SFT_GROUPS, SFTConfig
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "config.md"
 
 HEAD = """# Config keys
 
-Every key of `rlft train` and `rlft rm`, with its default in the schema, its valid values and its meaning:
-generated from the schemas (`rlft/config/schemas/`, `rlft/config/rm_schema.py`) by
+Every key of `rlft train`, `rlft rm` and `rlft sft`, with its default in the schema, its valid values and its meaning:
+generated from the schemas (`rlft/config/schemas/`, `rlft/config/rm_schema.py`, `rlft/config/sft_schema.py`) by
 `python scripts/config_reference.py`; tests/test_layout.py fails when this page is stale. A group option
 (`algo=dapo`, `model=smollm2_135m`) sets some keys to other values: `rlft train --help SECTION [KEY=VALUE ...]`
 prints the values of a given run, and `rlft train --cfg job` the whole composed config.
@@ -86,7 +87,8 @@ def _command(title: str, root: type, groups: tuple[str, ...], options: typing.Ca
 def page() -> str:
     """The page, as generated from the schemas now."""
     lines = [HEAD, *_command("rlft train", Config, GROUPS, group_options),
-             *_command("rlft rm", RMConfig, RM_GROUPS, group_options)]
+             *_command("rlft rm", RMConfig, RM_GROUPS, group_options),
+             *_command("rlft sft", SFTConfig, SFT_GROUPS, group_options)]
     return "\n".join(lines).rstrip() + "\n"
 
 

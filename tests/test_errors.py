@@ -107,8 +107,9 @@ def test_no_import_circles():
     assert with_inner == []  # nor when the imports inside functions count
     assert with_types == []  # nor when the type-only ones do (two modules naming each other's types)
     # Most in-function imports existed to dodge circles; those left keep torch and transformers out of the
-    # CLI's start (rlft.cli, rlft.commands.train, the rm and check commands: 28 of them) or import optional libraries.
-    assert sum(counts.values()) < 66
+    # CLI's start (rlft.cli, rlft.commands.train, the rm, sft and check commands: 31 of them) or import optional
+    # libraries.
+    assert sum(counts.values()) < 69
 
 
 def test_import_stats_finds_a_circle(tmp_path):

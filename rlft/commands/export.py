@@ -11,9 +11,11 @@ from pathlib import Path
 import torch
 
 from rlft.config import Config, compose_on
+from rlft.config.sft_schema import SFT_KIND
 from rlft.models.loading import load_base, load_tokenizer, quiet_libraries
 from rlft.models.policy import wrap_lora
 from rlft.paths import user_path
+from rlft.sft.command import SFT_SCHEMA
 from rlft.state import checkpoint as ckpt
 from rlft.state.run_state import CONFIG, load_policy_weights
 
@@ -31,7 +33,23 @@ def find_checkpoint(spec: str | Path) -> Path:
 
 
 def checkpoint_config(path: Path, overrides: list[str] | None = None) -> Config:
+    """The config a checkpoint was trained with (``rlft sft``'s for its checkpoints: their model section is the
+    same), ``overrides`` applied."""
+    if _kind(path) == SFT_KIND:
+        return compose_on((path / CONFIG).read_text(), list(overrides or []), SFT_SCHEMA)
     return compose_on((path / CONFIG).read_text(), list(overrides or []))
+
+
+
+def _kind(path: Path) -> str | None:
+    try:
+        return ckpt.read_json(path, ckpt.STATE).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_sft_checkpoint(path: Path) -> bool:
+    return _kind(path) == SFT_KIND
 
 
 def load_merged(path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, object]:

@@ -24,6 +24,9 @@ _CONSOLE_KEYS = [
     ("rm/loss", "loss", "{:.4f}"),  # rlft rm
     ("rm/accuracy", "acc", "{:.3f}"),
     ("eval/rm_accuracy", "eval acc", "{:.3f}"),
+    ("sft/loss", "loss", "{:.4f}"),  # rlft sft
+    ("eval/sft_loss", "eval loss", "{:.4f}"),
+    ("sft/tokens_per_s", "tok/s", "{:.0f}"),
     ("time/step_s", "step", "{:.1f}s"),
     ("throughput/tokens_per_s", "tok/s", "{:.0f}"),
 ]

@@ -48,8 +48,9 @@ def _own_rng(device: torch.device) -> dict[str, Tensor]:
 
 
 def save(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, state: RMState, run_dir: Path,
-         config_yaml: str, keep_last: int, compute_dtype: str, dp: DataParallel = SINGLE) -> Path | None:
-    """Checkpoint after ``state.step`` steps; prune to ``keep_last`` (0: keep all). Under several ranks a
+         config_yaml: str, keep_last: int, compute_dtype: str, dp: DataParallel = SINGLE, kind: str = KIND) -> Path | None:
+    """Checkpoint after ``state.step`` steps; prune to ``keep_last`` (0: keep all); ``kind`` names the command
+    whose checkpoint it is (``rlft sft`` writes its own with this code). Under several ranks a
     collective: the weights and optimizer are the same on every rank, each rank's random state is
     gathered (rank r's under ``rank{r}.`` names) and rank 0 writes; the other ranks get None."""
     ranks = dp.all_gather(_own_rng(rm.device))
@@ -64,7 +65,7 @@ def save(rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: Any, stat
         OPTIMIZER: {f"{pid}.{k}": v for pid, s in opt["state"].items() for k, v in s.items()},
         RNG: rng,
     }
-    saved = {"kind": KIND, "step": state.step, "cursor": state.cursor, "compute_dtype": compute_dtype,
+    saved = {"kind": kind, "step": state.step, "cursor": state.cursor, "compute_dtype": compute_dtype,
              "optimizer_param_groups": opt["param_groups"], "scheduler": scheduler.state_dict(),
              "metrics": state.metrics, "world_size": dp.world}
     path = ckpt.write_checkpoint(run_dir / "checkpoints", state.step, tensors, {ckpt.STATE: saved, CONFIG: config_yaml})

@@ -9,31 +9,24 @@ epoch), so the data position is one number and a resumed run continues exactly w
 from __future__ import annotations
 
 import functools
-import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from rlft.algorithms.preference import PREFERENCE_LOSSES, pairwise_accuracy
 from rlft.config.rm_schema import RM_KEY_CLASSES
-from rlft.errors import ConfigError, DataError
-from rlft.models.device import resolve_device
-from rlft.models.loading import quiet_libraries
-from rlft.models.precision import Precision
-from rlft.models.precision import resolve as resolve_precision
+from rlft.errors import DataError
 from rlft.output.plots import plot_run
-from rlft.output.tracking import Tracker, keep_metrics_through
-from rlft.parallel.distributed import SINGLE, DataParallel, from_environment, local_rank
+from rlft.output.tracking import Tracker
+from rlft.parallel.distributed import SINGLE, DataParallel
 from rlft.rm import state as rm_state
 from rlft.rm.data import Encoded, encode_pairs, load_pairs, rendering
 from rlft.rm.model import RewardModel, build_reward_model, save_reward_model
-from rlft.state import checkpoint as ckpt
-from rlft.state import resume_rules
 from rlft.state.failure import GracefulStop
+from rlft.state.job_start import Silent, open_outputs, start_job
 from rlft.training.optimizer import adamw
 
 if TYPE_CHECKING:
@@ -51,27 +44,8 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
     mean), so every rank takes the step one process would; rank 0 logs and writes."""
 
     t = cfg.trainer
-    dp = from_environment()
-    dp.set_timeout(t.dist_timeout_s)
-    if t.batch_size % dp.world:
-        raise ConfigError(f"trainer.batch_size={t.batch_size} must be a multiple of the {dp.world} ranks")
-    resume = ckpt.resolve(t.resume, run_dir)
-    harmless = resume_rules.check_compatible(resume, resolved_yaml, dp.world, RM_KEY_CLASSES) if resume else []
-    if resume is None:
-        ckpt.check_fresh(run_dir, t.resume)
-    if t.threads > 0:
-        torch.set_num_threads(t.threads)
-    device = resolve_device(t.device, local_rank() if dp.active else None)
-    dtype = resume_rules.trained_dtype(resume) if resume else None
-    # Rank 0 decides and the ranks follow (as in rlft.training.components): each rank probing or reading the
-    # cache on its own could train in another dtype.
-    precision = dp.broadcast((Precision(dtype, f"model.dtype={dtype}, as in the checkpoint") if dtype
-                              else resolve_precision(cfg.model, device.type)) if dp.main else None)
-    cfg.model.dtype = precision.dtype
-    quiet_libraries(keep_warnings=True)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    job = start_job(cfg, run_dir, resolved_yaml, RM_KEY_CLASSES)
+    dp, resume, harmless, device, precision = job.dp, job.resume, job.harmless, job.device, job.precision
     notes: list[str] = []
     pairs = load_pairs(cfg.data)  # before the model: a data error costs no model load
     rm = build_reward_model(cfg.model, cfg.seed, device, notes)
@@ -83,7 +57,7 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
     optimizer, scheduler = adamw([{"params": list(rm.trainable().values()), "lr": cfg.optim.lr}], cfg.optim, t.steps)
     st = rm_state.restore(rm, optimizer, scheduler, resume, dp.rank) if resume else rm_state.RMState()
     start = st.step
-    out = _open_outputs(dp, run_dir, cfg, resolved_yaml, st.step, resume)
+    out = open_outputs(dp, run_dir, cfg, resolved_yaml, st.step, resume)
     try:
         ranks = f" x {dp.world} ranks" if dp.active else ""
         out.info(f"run dir {run_dir} | reward model {cfg.model.name} "
@@ -108,31 +82,6 @@ def train_rm(cfg: RMConfig, run_dir: Path, resolved_yaml: str) -> dict[str, floa
     return st.metrics
 
 
-class _Silent:
-    """The writer of a rank other than 0: it says and writes nothing."""
-
-    def info(self, message: str) -> None:
-        pass
-
-    def log_step(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _open_outputs(dp: DataParallel, run_dir: Path, cfg: RMConfig, resolved_yaml: str, start: int,
-                  resume: Path | None) -> Tracker | _Silent:
-    """Rank 0: the run's files (continued at ``start`` when resuming) and its console; another rank: silence."""
-    if not dp.main:
-        return _Silent()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    keep_metrics_through(run_dir / "metrics.jsonl", start if resume else -1,
-                         resume.parent.parent / "metrics.jsonl" if resume else None)
-    (run_dir / "config.yaml").write_text(resolved_yaml)
-    return Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, None, start)
-
-
 def _dropped_lines(identical: tuple[int, int], long: tuple[int, int], cut: tuple[int, int],
                    max_length: int) -> list[str]:
     lines = []
@@ -149,7 +98,7 @@ def _dropped_lines(identical: tuple[int, int], long: tuple[int, int], cut: tuple
 
 
 def _loop(cfg: RMConfig, rm: RewardModel, optimizer: torch.optim.Optimizer, scheduler: object,
-          st: rm_state.RMState, train_pairs: list[Encoded], eval_pairs: list[Encoded], out: Tracker | _Silent,
+          st: rm_state.RMState, train_pairs: list[Encoded], eval_pairs: list[Encoded], out: Tracker | Silent,
           run_dir: Path, resolved_yaml: str, dp: DataParallel) -> None:
     t = cfg.trainer
     loss_fn = PREFERENCE_LOSSES.get(cfg.loss)
