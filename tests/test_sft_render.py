@@ -223,3 +223,28 @@ def test_countdown_demonstrations_are_found_by_search_and_score_1():
         ref = _json.loads(p.answer)
         reply = countdown_completion(ref["numbers"], ref["target"])
         assert reply is not None and countdown_correct(p.prompt, reply, p.answer) == 1.0, (ref, reply)
+
+
+def test_the_countdown_demonstrations_script_writes_rows_rlft_sft_reads(tmp_path):
+    import json as _json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from rlft.rewards.countdown import countdown_correct
+    from rlft.sft.data import read_conversations
+    from tests.support import ROOT
+
+    out = tmp_path / "cd.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "countdown_demos.py"), str(out), "6"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "wrote 6 demonstrations" in proc.stdout
+    convs, dropped = read_conversations(str(out), None)
+    assert len(convs) == 6 and not dropped.counts
+    for _, (user, reply) in convs:
+        numbers = [int(x) for x in re.search(r"\[([\d, ]+)\]", user["content"])[1].split(",")]
+        target = int(re.search(r"equals (\d+)", user["content"])[1])
+        answer = _json.dumps({"numbers": numbers, "target": target})
+        assert countdown_correct(user["content"], reply["content"], answer) == 1.0
