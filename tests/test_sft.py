@@ -167,3 +167,37 @@ def test_two_ranks_train_what_one_process_trains(tmp_path):
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5)
     l1, l2 = ([r["sft/loss"] for r in records(tmp_path / d) if "sft/loss" in r] for d in ("one", "two"))
     assert len(l1) == 3 and l2 == pytest.approx(l1, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_resume_after_kill_is_exact(tmp_path):
+    """kill -9 between checkpoints, resume: the same weights and losses as an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rlft.state import checkpoint as ckpt
+
+    write_demos(tmp_path / "d.jsonl", 16)
+    args = ["sft", *FAST, "data.path=d.jsonl", "trainer.save_every=2", "model.lora.dropout=0.1"]
+    ref = run_cli([*args, "trainer.steps=10", "hydra.run.dir=ref"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-m", "rlft.cli", *args, "trainer.steps=1000", "hydra.run.dir=b"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while ckpt.latest_checkpoint(tmp_path / "b") is None and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    killed_at = ckpt.checkpoint_step(ckpt.latest_checkpoint(tmp_path / "b"))
+    assert killed_at is not None and killed_at < 10
+    resumed = run_cli([*args, "trainer.steps=10", "trainer.resume=auto", "hydra.run.dir=b"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    wa, wb = (load_file(str(tmp_path / d / "checkpoints/step_000010/trainable.safetensors")) for d in ("ref", "b"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    ra, rb = ({r["step"]: r["sft/loss"] for r in records(tmp_path / d) if "sft/loss" in r} for d in ("ref", "b"))
+    assert ra == rb and len(ra) == 10
