@@ -310,7 +310,7 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_batches_cover_every_pair_once_per_epoch():
-    from rlft.rm.train import batch_indices
+    from rlft.state.job_start import batch_indices
 
     drawn = batch_indices(0, 10, 7, seed=3) + batch_indices(10, 4, 7, seed=3)
     assert sorted(drawn[:7]) == list(range(7)) and sorted(drawn[7:]) == list(range(7))
@@ -499,12 +499,11 @@ def test_batch_size_must_split_evenly_over_the_ranks():
 
 def test_each_rank_scores_an_equal_contiguous_share():
     from rlft.parallel.distributed import DataParallel
-    from rlft.rm.train import _share
 
     items = list(range(8))
-    shares = [_share(items, DataParallel(r, 2)) for r in range(2)]
+    shares = [DataParallel(r, 2).share(items) for r in range(2)]
     assert shares == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert sum((_share(list(range(5)), DataParallel(r, 2)) for r in range(2)), []) == list(range(5))
+    assert sum((DataParallel(r, 2).share(list(range(5))) for r in range(2)), []) == list(range(5))
 
 
 @pytest.mark.slow

@@ -143,15 +143,6 @@ def test_rl_starts_from_the_sft_model(tmp_path):
     assert "rlft sft checkpoint" in line and "model.path=" in line
 
 
-@pytest.mark.parametrize("micro", [3])
-def test_each_rank_takes_an_equal_share(micro):
-    from rlft.parallel.distributed import DataParallel
-    from rlft.sft.train import _share
-
-    items = list(range(8))
-    assert [_share(items, DataParallel(r, 2)) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-
-
 @pytest.mark.slow
 def test_two_ranks_train_what_one_process_trains(tmp_path):
     """trainer.nproc=2 (torch's launcher, gloo): each rank takes half of each batch, the token count and gradients

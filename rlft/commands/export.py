@@ -35,21 +35,13 @@ def find_checkpoint(spec: str | Path) -> Path:
 def checkpoint_config(path: Path, overrides: list[str] | None = None) -> Config:
     """The config a checkpoint was trained with (``rlft sft``'s for its checkpoints: their model section is the
     same), ``overrides`` applied."""
-    if _kind(path) == SFT_KIND:
+    if ckpt.kind(path) == SFT_KIND:
         return compose_on((path / CONFIG).read_text(), list(overrides or []), SFT_SCHEMA)
     return compose_on((path / CONFIG).read_text(), list(overrides or []))
 
 
-
-def _kind(path: Path) -> str | None:
-    try:
-        return ckpt.read_json(path, ckpt.STATE).get("kind")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def is_sft_checkpoint(path: Path) -> bool:
-    return _kind(path) == SFT_KIND
+    return ckpt.kind(path) == SFT_KIND
 
 
 def load_merged(path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, object]:

@@ -37,6 +37,12 @@ class DataParallel:
     def active(self) -> bool:
         return self.world > 1
 
+    def share(self, items: list[Any]) -> list[Any]:
+        """This rank's contiguous share of ``items`` (all of them in one process): equal shares, the last one
+        shorter when ``items`` does not split evenly."""
+        per = -(-len(items) // self.world)
+        return items[self.rank * per: (self.rank + 1) * per]
+
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order."""
         if not self.active:

@@ -34,10 +34,7 @@ class RMState:
 
 
 def is_reward_checkpoint(path: Path) -> bool:
-    try:
-        return ckpt.read_json(path, ckpt.STATE).get("kind") == KIND
-    except (OSError, ValueError, AttributeError):
-        return False
+    return ckpt.kind(path) == KIND
 
 
 def _own_rng(device: torch.device) -> dict[str, Tensor]:

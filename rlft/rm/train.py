@@ -8,8 +8,6 @@ epoch), so the data position is one number and a resumed run continues exactly w
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,8 +23,7 @@ from rlft.parallel.distributed import SINGLE, DataParallel
 from rlft.rm import state as rm_state
 from rlft.rm.data import Encoded, encode_pairs, load_pairs, rendering
 from rlft.rm.model import RewardModel, build_reward_model, save_reward_model
-from rlft.state.failure import GracefulStop
-from rlft.state.job_start import Silent, open_outputs, start_job
+from rlft.state.job_start import Silent, open_outputs, run_steps, start_job
 from rlft.training.optimizer import adamw
 
 if TYPE_CHECKING:
@@ -102,38 +99,13 @@ def _loop(cfg: RMConfig, rm: RewardModel, optimizer: torch.optim.Optimizer, sche
           run_dir: Path, resolved_yaml: str, dp: DataParallel) -> None:
     t = cfg.trainer
     loss_fn = PREFERENCE_LOSSES.get(cfg.loss)
-    if t.eval_at_start and st.step == 0 and eval_pairs:
-        out.log_step(0, evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn, dp))
-    with GracefulStop(hold_on_error=dp.active, grace_s=t.stop_grace_s) as stop:
-        for step in range(st.step + 1, t.steps + 1):
-            batch = [train_pairs[i] for i in batch_indices(st.cursor, t.batch_size, len(train_pairs), cfg.seed)]
-            t0 = time.perf_counter()
-            metrics = train_step(rm, batch, optimizer, scheduler, t.micro_batch_size, cfg.optim.max_grad_norm, loss_fn,
-                                 dp)
-            metrics["time/step_s"] = time.perf_counter() - t0
-            if eval_pairs and (step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)):
-                metrics.update(evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn, dp))
-            st.step, st.cursor, st.metrics = step, st.cursor + len(batch), metrics
-            out.log_step(step, metrics)
-            stopping = dp.any(stop.requested) and step < t.steps
-            if stopping:
-                stop.step_done()
-            if step < t.steps and (stopping or (t.save_every > 0 and step % t.save_every == 0)):
-                rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, cfg.model.dtype, dp)
-            if stopping:
-                out.info(f"stopped by a signal after step {step}; saved it")
-                raise KeyboardInterrupt
-
-
-@functools.lru_cache(maxsize=4)
-def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
-
-
-def batch_indices(cursor: int, size: int, n: int, seed: int) -> list[int]:
-    """The pairs drawn at positions ``cursor .. cursor + size - 1`` of the seeded order: every pair once
-    per epoch, a new permutation each epoch (a batch may straddle two epochs)."""
-    return [_epoch_order(n, seed, i // n)[i % n] for i in range(cursor, cursor + size)]
+    run_steps(cfg, st, train_pairs,
+              lambda batch: train_step(rm, batch, optimizer, scheduler, t.micro_batch_size, cfg.optim.max_grad_norm,
+                                       loss_fn, dp),
+              (lambda: evaluate(rm, eval_pairs, t.micro_batch_size, loss_fn, dp)) if eval_pairs else None,
+              lambda: rm_state.save(rm, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, cfg.model.dtype,
+                                    dp),
+              out, dp)
 
 
 def _chunks(items: list[Encoded], size: int) -> Iterator[list[Encoded]]:
@@ -150,12 +122,6 @@ def _pair_scores(rm: RewardModel, pairs: list[Encoded]) -> tuple[torch.Tensor, t
     return scores[: len(pairs)], scores[len(pairs):], margin
 
 
-def _share(items: list[Encoded], dp: DataParallel) -> list[Encoded]:
-    """This rank's contiguous share of ``items`` (all of them in one process)."""
-    per = -(-len(items) // dp.world)
-    return items[dp.rank * per: (dp.rank + 1) * per]
-
-
 def train_step(rm: RewardModel, batch: list[Encoded], optimizer: torch.optim.Optimizer, scheduler: object,
                micro_batch_size: int, max_grad_norm: float, loss_fn: object,
                dp: DataParallel = SINGLE) -> dict[str, float]:
@@ -166,7 +132,7 @@ def train_step(rm: RewardModel, batch: list[Encoded], optimizer: torch.optim.Opt
     rm.model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_sum = acc_sum = margin_sum = 0.0
-    for chunk in _chunks(_share(batch, dp), micro_batch_size):
+    for chunk in _chunks(dp.share(batch), micro_batch_size):
         r_c, r_r, margin = _pair_scores(rm, chunk)
         loss = loss_fn(r_c, r_r, margin)
         (loss * (len(chunk) / len(batch))).backward()
@@ -192,7 +158,7 @@ def evaluate(rm: RewardModel, pairs: list[Encoded], micro_batch_size: int, loss_
     share of ``pairs``."""
     rm.model.eval()
     loss_sum = acc_sum = margin_sum = 0.0
-    for chunk in _chunks(_share(pairs, dp), micro_batch_size):
+    for chunk in _chunks(dp.share(pairs), micro_batch_size):
         r_c, r_r, margin = _pair_scores(rm, chunk)
         loss_sum += loss_fn(r_c, r_r, margin).item() * len(chunk)
         acc_sum += pairwise_accuracy(r_c, r_r).item() * len(chunk)

@@ -33,6 +33,12 @@ class Dropped:
         self.counts[reason] = self.counts.get(reason, 0) + 1
         self.first.setdefault(reason, f"{where}: {why}")
 
+    def merge(self, other: Dropped) -> None:
+        """Add ``other``'s counts (its first rows kept where this one has none of that reason)."""
+        for reason, n in other.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + n
+            self.first.setdefault(reason, other.first[reason])
+
     def lines(self) -> list[str]:
         """One line per reason, for the run's log."""
         return [f"dropped {n} row{'s' * (n != 1)} ({reason}); the first: {self.first[reason]}"

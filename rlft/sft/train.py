@@ -25,12 +25,10 @@ from rlft.models.policy import build_policy
 from rlft.output.plots import plot_run
 from rlft.parallel.distributed import SINGLE, DataParallel
 from rlft.rm import state as loop_state
-from rlft.rm.train import batch_indices
 from rlft.samplers.base import stop_token_ids
 from rlft.sft.data import Dropped, read_conversations
 from rlft.sft.render import Example, render_conversation, stop_id
-from rlft.state.failure import GracefulStop
-from rlft.state.job_start import open_outputs, start_job
+from rlft.state.job_start import open_outputs, run_steps, start_job
 from rlft.training.batch import RolloutBatch, pack
 from rlft.training.logprobs import token_logprobs
 from rlft.training.optimizer import adamw
@@ -102,9 +100,7 @@ def _conversations(cfg: SFTConfig) -> tuple[list, list, Dropped]:
     rows, dropped = read_conversations(d.path, d.split, *fields)
     if d.eval_path or d.eval_split:
         held, more = read_conversations(d.eval_path or d.path, d.eval_split, *fields)
-        for reason, n in more.counts.items():
-            dropped.counts[reason] = dropped.counts.get(reason, 0) + n
-            dropped.first.setdefault(reason, more.first[reason])
+        dropped.merge(more)
         return rows, held, dropped
     n = d.num_eval
     if n >= len(rows):
@@ -133,28 +129,13 @@ def _loop(cfg: SFTConfig, policy: Any, trained: _Trained, optimizer: torch.optim
           st: loop_state.RMState, train: list[Example], held: list[Example], out: Any, run_dir: Path,
           resolved_yaml: str, dp: DataParallel) -> None:
     t = cfg.trainer
-    if t.eval_at_start and st.step == 0 and held:
-        out.log_step(0, evaluate(policy, held, t.micro_batch_size, dp))
-    with GracefulStop(hold_on_error=dp.active, grace_s=t.stop_grace_s) as stop:
-        for step in range(st.step + 1, t.steps + 1):
-            batch = [train[i] for i in batch_indices(st.cursor, t.batch_size, len(train), cfg.seed)]
-            t0 = time.perf_counter()
-            metrics = train_step(policy, batch, optimizer, scheduler, t.micro_batch_size, cfg.optim.max_grad_norm, dp)
-            metrics["time/step_s"] = time.perf_counter() - t0
-            metrics["sft/tokens_per_s"] = metrics["sft/tokens"] / max(metrics["time/step_s"], 1e-9)
-            if held and (step == t.steps or (t.eval_every > 0 and step % t.eval_every == 0)):
-                metrics.update(evaluate(policy, held, t.micro_batch_size, dp))
-            st.step, st.cursor, st.metrics = step, st.cursor + len(batch), metrics
-            out.log_step(step, metrics)
-            stopping = dp.any(stop.requested) and step < t.steps
-            if stopping:
-                stop.step_done()
-            if step < t.steps and (stopping or (t.save_every > 0 and step % t.save_every == 0)):
-                loop_state.save(trained, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last, cfg.model.dtype,
-                                dp, kind=KIND)
-            if stopping:
-                out.info(f"stopped by a signal after step {step}; saved it")
-                raise KeyboardInterrupt
+    run_steps(cfg, st, train,
+              lambda batch: train_step(policy, batch, optimizer, scheduler, t.micro_batch_size, cfg.optim.max_grad_norm,
+                                       dp),
+              (lambda: evaluate(policy, held, t.micro_batch_size, dp)) if held else None,
+              lambda: loop_state.save(trained, optimizer, scheduler, st, run_dir, resolved_yaml, t.keep_last,
+                                      cfg.model.dtype, dp, kind=KIND),
+              out, dp)
 
 
 def as_batch(examples: list[Example], pad_id: int, device: torch.device) -> RolloutBatch:
@@ -171,18 +152,14 @@ def as_batch(examples: list[Example], pad_id: int, device: torch.device) -> Roll
                         torch.zeros(n, dtype=torch.bool)).to(device)
 
 
-def _share(items: list[Example], dp: DataParallel) -> list[Example]:
-    per = -(-len(items) // dp.world)
-    return items[dp.rank * per: (dp.rank + 1) * per]
-
-
 def train_step(policy: Any, batch: list[Example], optimizer: torch.optim.Optimizer, scheduler: Any,
                micro_batch_size: int, max_grad_norm: float, dp: DataParallel = SINGLE) -> dict[str, float]:
     """One optimizer step over ``batch``: each micro-batch's summed NLL divided by the assistant tokens of the whole
     step (over all ranks), so the gradient is the step's token mean whatever the split; returns its metrics."""
+    t0 = time.perf_counter()
     policy.model.train()
     optimizer.zero_grad(set_to_none=True)
-    mine = _share(batch, dp)
+    mine = dp.share(batch)
     step_tokens = int(dp.sum_floats([float(sum(ex.assistant_tokens for ex in mine))])[0])
     nll = hits = entropy = 0.0
     for i in range(0, len(mine), micro_batch_size):
@@ -203,7 +180,8 @@ def train_step(policy: Any, batch: list[Example], optimizer: torch.optim.Optimiz
     scheduler.step()
     n = max(step_tokens, 1)
     return {"sft/loss": nll / n, "sft/token_accuracy_lb": hits / n, "sft/entropy": entropy / n,
-            "sft/tokens": float(step_tokens), "sft/grad_norm": float(norm), "sft/lr": lr}
+            "sft/tokens": float(step_tokens), "sft/tokens_per_s": step_tokens / max(time.perf_counter() - t0, 1e-9),
+            "sft/grad_norm": float(norm), "sft/lr": lr}
 
 
 @torch.no_grad()
@@ -212,7 +190,7 @@ def evaluate(policy: Any, examples: list[Example], micro_batch_size: int, dp: Da
     """The held-out token-mean NLL of the assistant's tokens; each rank scores its share."""
     policy.model.eval()
     nll = tokens = 0.0
-    mine = _share(examples, dp)
+    mine = dp.share(examples)
     for i in range(0, len(mine), micro_batch_size):
         rb = as_batch(mine[i: i + micro_batch_size], policy.tokenizer.pad_token_id, policy.device)
         with policy.autocast():

@@ -249,3 +249,12 @@ def read_tensors(path: Path, name: str) -> dict[str, Tensor]:
 
 def read_json(path: Path, name: str) -> Any:
     return json.loads((path / name).read_text())
+
+
+def kind(path: Path) -> str | None:
+    """Which command wrote the checkpoint at ``path``: its trainer state's ``kind`` (``reward_model``, ``sft``),
+    None for ``rlft train``'s (which writes none) or an unreadable state."""
+    try:
+        return json.loads((path / STATE).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -1,10 +1,14 @@
-"""The start of a loop of ``rlft rm`` and ``rlft sft`` (rlft train's is rlft.training.components): the ranks, the
-checkpoint to resume from and whether the config allows it, the device, the dtype (rank 0 decides, the ranks
-follow), the seeds; and the outputs, which only rank 0 writes."""
+"""The loop of ``rlft rm`` and ``rlft sft`` (rlft train's is rlft.training): its start (the ranks, the checkpoint
+to resume from and whether the config allows it, the device, the dtype (rank 0 decides, the ranks follow), the
+seeds), its outputs (only rank 0 writes), the seeded order of its examples, and its steps with their evaluations,
+checkpoints and stop on a signal."""
 
 from __future__ import annotations
 
+import functools
 import random
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from rlft.output.tracking import Tracker, keep_metrics_through
 from rlft.parallel.distributed import DataParallel, from_environment, local_rank
 from rlft.state import checkpoint as ckpt
 from rlft.state import resume_rules
+from rlft.state.failure import GracefulStop
 
 
 @dataclass
@@ -91,3 +96,45 @@ def open_outputs(dp: DataParallel, run_dir: Path, cfg: Any, resolved_yaml: str, 
                          resume.parent.parent / "metrics.jsonl" if resume else None)
     (run_dir / "config.yaml").write_text(resolved_yaml)
     return Tracker(run_dir, cfg, cfg.trainer.steps, cfg.logger.console, None, start)
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+
+
+def batch_indices(cursor: int, size: int, n: int, seed: int) -> list[int]:
+    """The items drawn at positions ``cursor .. cursor + size - 1`` of the seeded order: every item once
+    per epoch, a new permutation each epoch (a batch may straddle two epochs)."""
+    return [_epoch_order(n, seed, i // n)[i % n] for i in range(cursor, cursor + size)]
+
+
+def run_steps(cfg: Any, st: Any, items: Sequence[Any], step: Callable[[list[Any]], dict[str, float]],
+              evaluate: Callable[[], dict[str, float]] | None, save: Callable[[], Any], out: Tracker | Silent,
+              dp: DataParallel) -> None:
+    """Steps ``st.step + 1 .. cfg.trainer.steps``, each on the next ``trainer.batch_size`` of ``items`` in the seeded
+    order (``st.cursor`` counts those drawn; ``st.step``, ``st.metrics`` follow each step); ``evaluate`` (None: no
+    held-out data) at the start, every ``trainer.eval_every`` steps and at the end; ``save`` every
+    ``trainer.save_every`` steps and when a signal stops the run after a step (the final checkpoint is the
+    caller's)."""
+    t = cfg.trainer
+    if t.eval_at_start and st.step == 0 and evaluate is not None:
+        out.log_step(0, evaluate())
+    with GracefulStop(hold_on_error=dp.active, grace_s=t.stop_grace_s) as stop:
+        for n in range(st.step + 1, t.steps + 1):
+            batch = [items[i] for i in batch_indices(st.cursor, t.batch_size, len(items), cfg.seed)]
+            t0 = time.perf_counter()
+            metrics = step(batch)
+            metrics["time/step_s"] = time.perf_counter() - t0
+            if evaluate is not None and (n == t.steps or (t.eval_every > 0 and n % t.eval_every == 0)):
+                metrics.update(evaluate())
+            st.step, st.cursor, st.metrics = n, st.cursor + len(batch), metrics
+            out.log_step(n, metrics)
+            stopping = dp.any(stop.requested) and n < t.steps
+            if stopping:
+                stop.step_done()
+            if n < t.steps and (stopping or (t.save_every > 0 and n % t.save_every == 0)):
+                save()
+            if stopping:
+                out.info(f"stopped by a signal after step {n}; saved it")
+                raise KeyboardInterrupt
